@@ -1,0 +1,29 @@
+"""The narrow engine interface: one exported graph that owns its KV cache.
+
+The runtime only ever calls these three members, so an ONNX Runtime session, a TensorRT plan or
+a test double are interchangeable.
+"""
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+
+
+class EngineError(RuntimeError):
+    """A graph that cannot be loaded or run; the message names the problem and the fix."""
+
+
+class Engine(Protocol):
+    vocab_size: int      # logits width returned by run()
+    max_context: int     # cache capacity in tokens
+
+    @property
+    def length(self) -> int:
+        """Tokens currently held in the KV cache."""
+
+    def run(self, ids: np.ndarray) -> np.ndarray:
+        """Append `ids` [n] int64 to the cache and return their logits [n, vocab_size] float32."""
+
+    def truncate(self, length: int) -> None:
+        """Keep only the first `length` cached tokens (rollback: no recomputation)."""

@@ -1,0 +1,173 @@
+"""Export a draft+target pair (or one model) into a bundle folder with a checked manifest.
+
+Everything is written to a temporary folder beside the destination and renamed into place at the
+end, so an export that fails halfway leaves nothing at `out`.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from specedge.runtime.manifest import Manifest, ModelInfo, io_names
+
+from .loader import ExportError, arch_of, check_weights, load_model
+
+GENERATION_KEYS = ("do_sample", "temperature", "top_k", "top_p", "repetition_penalty")
+
+
+@contextlib.contextmanager
+def phase(label: str, quiet: bool = False):
+    t0 = time.perf_counter()
+    if not quiet:
+        print(f"{label} ...", file=sys.stderr, flush=True)
+    yield
+    if not quiet:
+        print(f"{label}: done in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+
+
+def tokenizer_json(folder: Path) -> str:
+    """The folder's fast-tokenizer JSON; converted with transformers when only slow files exist."""
+    path = Path(folder) / "tokenizer.json"
+    if path.is_file():
+        return path.read_text(encoding="utf-8")
+    try:
+        from transformers import AutoTokenizer
+        tok = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+        return tok.backend_tokenizer.to_str()
+    except (OSError, ValueError, AttributeError) as e:
+        raise ExportError(f"{folder} has no tokenizer.json and transformers cannot build one ({e}); "
+                          f"add the model's tokenizer files") from e
+
+
+def _vocab(tok_json: str) -> dict[str, int]:
+    from tokenizers import Tokenizer
+    return Tokenizer.from_str(tok_json).get_vocab(with_added_tokens=True)
+
+
+def check_vocab(target_tok: str, draft_tok: str) -> int:
+    """Draft and target must map the same tokens to the same ids; return the tokenizer's size."""
+    t, d = _vocab(target_tok), _vocab(draft_tok)
+    if t == d:
+        return len(t)
+    t_by_id, d_by_id = {i: s for s, i in t.items()}, {i: s for s, i in d.items()}
+    first = next(i for i in range(max(len(t_by_id), len(d_by_id)) + 1) if t_by_id.get(i) != d_by_id.get(i))
+    raise ExportError(f"draft and target tokenizers differ: target has {len(t)} tokens, draft {len(d)}; "
+                      f"first difference at id {first}: target {t_by_id.get(first)!r} vs draft "
+                      f"{d_by_id.get(first)!r}. Speculative decoding needs a draft trained with the "
+                      f"target's tokenizer")
+
+
+def _json(path: Path) -> dict:
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def generation_defaults(folder: Path) -> tuple[list[int], dict]:
+    gen, cfg = _json(folder / "generation_config.json"), _json(folder / "config.json")
+    eos = gen.get("eos_token_id", cfg.get("eos_token_id"))
+    eos_ids = [] if eos is None else [int(e) for e in (eos if isinstance(eos, list) else [eos])]
+    return eos_ids, {k: gen[k] for k in GENERATION_KEYS if k in gen}
+
+
+def export_one(src: Path, dst: Path, *, role: str, dtype: str, max_context: int | None, k: int,
+               allow_pickle: bool, quiet: bool = False) -> ModelInfo:
+    from .graph import export_onnx
+    from .parity import measure
+
+    t0 = time.perf_counter()
+    dst.mkdir(parents=True)
+    with phase(f"[{role}] load {src}", quiet):
+        model, dims = load_model(src, dtype=dtype, max_context=max_context, allow_pickle=allow_pickle)
+    with phase(f"[{role}] export ONNX", quiet):
+        export_onnx(model, dims, dst / "model.onnx")
+    with phase(f"[{role}] parity ONNX Runtime vs PyTorch", quiet):
+        parity = measure(model, dst / "model.onnx", vocab_size=dims["vocab_size"], k=k)
+    if not quiet:
+        for case, d in parity.items():
+            print(f"[{role}]   {case:8s} max|diff| {d['max_abs_diff']:.2e}  relative {d['max_rel_diff']:.2e}",
+                  file=sys.stderr)
+    for name in ("config.json", "generation_config.json"):
+        if (src / name).is_file():
+            shutil.copy2(src / name, dst / name)
+    inputs, outputs = io_names(dims["num_layers"])
+    return ModelInfo(file=f"{role}/model.onnx", inputs=inputs, outputs=outputs, parity=parity,
+                     export_seconds=round(time.perf_counter() - t0, 2), **dims)
+
+
+@contextlib.contextmanager
+def staged(out: Path, *, overwrite: bool):
+    """Yield a temp folder beside `out`; on success it replaces `out`, on failure it vanishes."""
+    out = Path(out)
+    if out.exists() and not overwrite:
+        raise ExportError(f"{out} already exists; pass --overwrite to replace it")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    try:
+        yield tmp
+        if out.exists():
+            old = out.with_name(f".{out.name}.old-{tmp.name[-8:]}")
+            out.rename(old)
+            tmp.rename(out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            tmp.rename(out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _check_prompts(path: Path) -> None:
+    if not path.is_file():
+        raise ExportError(f"prompts file {path} does not exist")
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if line.strip():
+            try:
+                ok = isinstance(json.loads(line).get("prompt"), str)
+            except (json.JSONDecodeError, AttributeError):
+                ok = False
+            if not ok:
+                raise ExportError(f"{path}:{n}: each line must be a JSON object with a string 'prompt'")
+
+
+def export_bundle(*, target: Path, draft: Path | None, out: Path, dtype: str = "fp32", k: int = 8,
+                  max_context: int | None = None, prompts: Path | None = None, overwrite: bool = False,
+                  allow_pickle: bool = False, quiet: bool = False) -> Manifest:
+    """Export `target` (and `draft`, when given) into the bundle folder `out`."""
+    from specedge.runtime import __version__
+
+    if k < 1:
+        raise ExportError(f"--max-draft-tokens must be >= 1, got {k}")
+    sources = {"target": Path(target)} | ({"draft": Path(draft)} if draft else {})
+    for src in sources.values():       # fail fast, before any heavy work
+        arch_of(src)
+        check_weights(src, allow_pickle=allow_pickle)
+    if prompts:
+        _check_prompts(Path(prompts))
+    toks = {role: tokenizer_json(src) for role, src in sources.items()}
+    tok_size = check_vocab(toks["target"], toks.get("draft", toks["target"]))
+    eos_ids, generation = generation_defaults(sources["target"])
+    if Path(out).exists() and not overwrite:
+        raise ExportError(f"{out} already exists; pass --overwrite to replace it")
+    with staged(Path(out), overwrite=overwrite) as tmp:
+        models = {role: export_one(src, tmp / role, role=role, dtype=dtype, max_context=max_context, k=k,
+                                   allow_pickle=allow_pickle, quiet=quiet)
+                  for role, src in sources.items()}
+        shared = min(m.vocab_size for m in models.values())
+        if tok_size > shared:
+            raise ExportError(f"the tokenizer has {tok_size} tokens but a model's logits only {shared}; "
+                              f"the tokenizer does not belong to these models")
+        (tmp / "tokenizer.json").write_text(toks["target"], encoding="utf-8")
+        if prompts:
+            shutil.copy2(prompts, tmp / "prompts.jsonl")
+        manifest = Manifest(models=models, tokenizer="tokenizer.json", vocab_size=shared,
+                            eos_token_ids=eos_ids, max_context=min(m.max_context for m in models.values()),
+                            max_draft_tokens=k, generation=generation,
+                            prompts="prompts.jsonl" if prompts else None,
+                            created_by=f"specedge {__version__} spec-export")
+        manifest.write(tmp)
+    if not quiet:
+        print(f"wrote {out}", file=sys.stderr)
+    return manifest

@@ -1,0 +1,57 @@
+"""spec-export: Hugging Face causal LM folder(s) -> ONNX bundle with a manifest.
+
+  spec-export --target DIR --draft DIR --out BUNDLE [--dtype fp32|fp16] [--max-draft-tokens K]
+              [--max-context N] [--prompts FILE] [--overwrite] [--allow-pickle]
+  spec-export model DIR --out OUT [same options]
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from .loader import ExportError
+
+
+def _common(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--out", type=Path, required=True, help="bundle folder to write")
+    ap.add_argument("--dtype", default="fp32", choices=["fp32", "fp16"],
+                    help="weights and KV cache dtype of the graphs (logits are always fp32)")
+    ap.add_argument("--max-draft-tokens", type=int, default=8, metavar="K",
+                    help="largest K the runtime may use; the verify pass covers K+1 positions (default 8)")
+    ap.add_argument("--max-context", type=int, default=None, metavar="N",
+                    help="context the runtime may use (default: the model's limit, at most 4096)")
+    ap.add_argument("--prompts", type=Path, default=None, help="JSONL prompts to embed (benchmarks, checks)")
+    ap.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
+    ap.add_argument("--allow-pickle", action="store_true",
+                    help="allow loading pickled *.bin weights (they can run code; trusted sources only)")
+    ap.add_argument("--quiet", action="store_true", help="no progress output")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    single = bool(argv) and argv[0] == "model"
+    ap = argparse.ArgumentParser(prog="spec-export model" if single else "spec-export",
+                                 description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    if single:
+        ap.add_argument("model", type=Path, help="Hugging Face model folder")
+        argv = argv[1:]
+    else:
+        ap.add_argument("--target", type=Path, required=True, help="target model folder (Hugging Face)")
+        ap.add_argument("--draft", type=Path, required=True, help="draft model folder (same tokenizer)")
+    _common(ap)
+    args = ap.parse_args(argv)
+    from .bundle import export_bundle
+    try:
+        export_bundle(target=args.model if single else args.target, draft=None if single else args.draft,
+                      out=args.out, dtype=args.dtype, k=args.max_draft_tokens, max_context=args.max_context,
+                      prompts=args.prompts, overwrite=args.overwrite, allow_pickle=args.allow_pickle,
+                      quiet=args.quiet)
+    except ExportError as e:
+        print(f"spec-export: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

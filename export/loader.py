@@ -1,0 +1,85 @@
+"""Check a Hugging Face model folder and load it for export (safetensors unless pickles are allowed)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .architectures import REGISTRY, Arch, supported
+
+DTYPES = {"fp32": "float32", "fp16": "float16"}
+
+
+class ExportError(ValueError):
+    """Bad input to the export; the message names the problem and the fix. The CLI exits 2."""
+
+
+def read_config(folder: Path) -> dict:
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise ExportError(f"model folder {folder} does not exist; pass a Hugging Face model folder "
+                          f"(config.json + *.safetensors + tokenizer)")
+    cfg = folder / "config.json"
+    if not cfg.is_file():
+        raise ExportError(f"{folder} has no config.json: not a Hugging Face model folder")
+    try:
+        return json.loads(cfg.read_text())
+    except json.JSONDecodeError as e:
+        raise ExportError(f"{cfg} is not valid JSON: {e}") from e
+
+
+def arch_of(folder: Path) -> tuple[str, Arch]:
+    model_type = read_config(folder).get("model_type")
+    if model_type not in REGISTRY:
+        raise ExportError(f"{folder}: architecture {model_type!r} is not supported; supported model_type "
+                          f"values: {supported()}")
+    return model_type, REGISTRY[model_type]
+
+
+def check_weights(folder: Path, *, allow_pickle: bool) -> bool:
+    """Return True when the weights are safetensors; refuse pickles unless allowed."""
+    if any(Path(folder).glob("*.safetensors")):
+        return True
+    pickles = sorted(p.name for p in Path(folder).glob("*.bin"))
+    if pickles and allow_pickle:
+        return False
+    if pickles:
+        raise ExportError(f"{folder} holds its weights only as pickled {pickles[0]}, which can run code "
+                          f"when loaded; convert them to safetensors, or pass --allow-pickle if you trust "
+                          f"the source")
+    raise ExportError(f"{folder} has no weights (*.safetensors)")
+
+
+def load_model(folder: Path, *, dtype: str, max_context: int | None, allow_pickle: bool):
+    """Load the model in `dtype` (fp32|fp16) whatever the stored dtype; return (model, dims)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    model_type, arch = arch_of(folder)
+    safetensors = check_weights(folder, allow_pickle=allow_pickle)
+    if dtype not in DTYPES:
+        raise ExportError(f"--dtype {dtype!r} is not supported; use one of {', '.join(DTYPES)}")
+    config = AutoConfig.from_pretrained(folder, local_files_only=True)
+    dims = arch.dims(config)
+    limit = dims.pop("max_positions")
+    max_context = max_context or min(limit, 4096)
+    if max_context > limit:
+        raise ExportError(f"--max-context {max_context} exceeds the model's position limit of {limit}; "
+                          f"pass --max-context {limit} or less")
+    if max_context < 2:
+        raise ExportError(f"--max-context must be at least 2, got {max_context}")
+    window = getattr(config, "sliding_window", None) if arch.sliding_window else None
+    if window and (model_type != "qwen2" or getattr(config, "use_sliding_window", False)):
+        if max_context > window:
+            raise ExportError(f"{folder} uses sliding-window attention ({window} tokens), which the exported "
+                              f"full KV cache does not model; pass --max-context {window} or less")
+    if window:
+        # Within the window, sliding attention is full attention; this keeps every position in the cache.
+        config.sliding_window = None
+        if hasattr(config, "layer_types") and config.layer_types:
+            config.layer_types = ["full_attention"] * len(config.layer_types)
+    torch_dtype = getattr(torch, DTYPES[dtype])
+    model = AutoModelForCausalLM.from_pretrained(
+        folder, config=config, dtype=torch_dtype, local_files_only=True, use_safetensors=safetensors,
+        attn_implementation="sdpa")
+    model.eval()
+    return model, {"model_type": model_type, **dims, "dtype": DTYPES[dtype], "max_context": max_context}

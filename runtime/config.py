@@ -1,0 +1,63 @@
+"""One source of defaults: frozen dataclasses, checked in __post_init__. TOML and CLI map onto them."""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+
+
+class ConfigError(ValueError):
+    """A bad generation or sampling parameter; the message names it and the valid range."""
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How logits become probabilities, applied identically to the draft's q and the target's p."""
+    temperature: float = 0.0          # 0 = greedy
+    top_k: int = 0                    # 0 = off
+    top_p: float = 1.0                # 1 = off
+    repetition_penalty: float = 1.0   # 1 = off (CTRL-style: positive logits divided, negative multiplied)
+
+    def __post_init__(self):
+        if not self.temperature >= 0:
+            raise ConfigError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if not (isinstance(self.top_k, int) and self.top_k >= 0):
+            raise ConfigError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k}")
+        if not 0 < self.top_p <= 1:
+            raise ConfigError(f"top_p must be in (0, 1] (1 = off), got {self.top_p}")
+        if not self.repetition_penalty > 0:
+            raise ConfigError(f"repetition_penalty must be > 0 (1 = off), got {self.repetition_penalty}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    max_new_tokens: int = 128
+    k: int = 4                        # draft tokens per round; bounded by the bundle's max_draft_tokens
+    speculative: bool = True          # False: target-only decoding through the same loop (k = 0)
+    seed: int | None = 0              # per request: same seed -> same output
+    stop: tuple[str, ...] = ()        # stop strings (never emitted, not even in part)
+    prefill_chunk: int = 256          # prompt tokens per prefill call: bounds logits to chunk x vocab
+    sampling: SamplingParams = SamplingParams()
+
+    def __post_init__(self):
+        if not (isinstance(self.max_new_tokens, int) and self.max_new_tokens >= 1):
+            raise ConfigError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens}")
+        if not (isinstance(self.k, int) and self.k >= 1):
+            raise ConfigError(f"k (draft tokens per round) must be an integer >= 1, got {self.k}")
+        if not (isinstance(self.prefill_chunk, int) and self.prefill_chunk >= 1):
+            raise ConfigError(f"prefill_chunk must be an integer >= 1, got {self.prefill_chunk}")
+        if isinstance(self.stop, str) or any(not isinstance(s, str) or not s for s in self.stop):
+            raise ConfigError(f"stop must be a sequence of non-empty strings, got {self.stop!r}")
+        object.__setattr__(self, "stop", tuple(self.stop))
+
+    def updated(self, **overrides) -> "GenerationConfig":
+        """A copy with `overrides`; sampling fields (temperature, top_k, ...) may be given flat."""
+        names = {f.name for f in fields(SamplingParams)}
+        sampling = {k: overrides.pop(k) for k in list(overrides) if k in names}
+        unknown = set(overrides) - {f.name for f in fields(self)}
+        if unknown:
+            raise ConfigError(f"unknown generation parameters {sorted(unknown)}")
+        cfg = replace(self, **overrides)
+        return replace(cfg, sampling=replace(cfg.sampling, **sampling)) if sampling else cfg

@@ -1,0 +1,225 @@
+"""The speculative loop: draft -> verify -> accept -> commit / roll back. Glossary in __init__."""
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from .config import ConfigError, GenerationConfig
+from .manifest import BundleError, Manifest
+from .sampling import accept, probs, sample
+from .text import TextStream
+
+
+@dataclass
+class Stats:
+    """What one request did. alpha = accepted / evaluated: Leviathan et al.'s per-token acceptance."""
+    k: int = 0
+    prompt_tokens: int = 0
+    new_tokens: int = 0
+    rounds: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    evaluated: int = 0                # drafts the verifier reached: accepted + one per rejecting round
+    accepted_hist: list[int] = field(default_factory=list)   # [k+1]: rounds that accepted j drafts
+    target_calls: int = 0
+    draft_calls: int = 0
+    seconds_prefill: float = 0.0
+    seconds_target: float = 0.0
+    seconds_draft: float = 0.0
+    seconds_total: float = 0.0        # decode phase (after prefill)
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def alpha(self) -> float:
+        return self.accepted / self.evaluated if self.evaluated else 0.0
+
+    @property
+    def tokens_per_target_call(self) -> float:
+        return self.new_tokens / self.target_calls if self.target_calls else 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.new_tokens / self.seconds_total if self.seconds_total else 0.0
+
+    @property
+    def seconds_host(self) -> float:
+        return max(0.0, self.seconds_total - self.seconds_target - self.seconds_draft)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        for name in ("acceptance_rate", "alpha", "tokens_per_target_call", "tokens_per_second", "seconds_host"):
+            d[name] = getattr(self, name)
+        return d
+
+
+@dataclass
+class Result:
+    text: str
+    token_ids: list[int]              # generated ids (the prompt excluded)
+    finish_reason: str                # "stop" | "eos" | "length"
+    stats: Stats
+
+
+class Stream:
+    """Iterate for text pieces as they are committed; `.result` holds the Result afterwards."""
+
+    def __init__(self, gen):
+        self._gen = gen
+        self.result: Result | None = None
+
+    def __iter__(self) -> Iterator[str]:
+        self.result = yield from self._gen
+
+
+class SpeculativeDecoder:
+    def __init__(self, *, target, draft, tokenizer, vocab_size: int, eos_token_ids=(), max_context: int,
+                 max_draft_tokens: int, config: GenerationConfig = GenerationConfig()):
+        self.target, self.draft, self.tokenizer = target, draft, tokenizer
+        self.vocab_size = vocab_size
+        self.eos = set(int(e) for e in eos_token_ids)
+        self.max_context = max_context
+        self.max_draft_tokens = max_draft_tokens
+        self.config = config
+
+    @classmethod
+    def from_bundle(cls, path: str | Path, *, providers: list[str] | None = None, threads: int = 0,
+                    speculative: bool = True, config: GenerationConfig = GenerationConfig()):
+        """Load a bundle written by spec-export; its manifest is checked before any graph loads."""
+        from specedge.engines import OrtEngine
+        from tokenizers import Tokenizer
+
+        path = Path(path)
+        m = Manifest.load(path)
+        tokenizer = Tokenizer.from_file(str(path / m.tokenizer))
+        if tokenizer.get_vocab_size(with_added_tokens=True) > m.vocab_size:
+            raise BundleError(f"bundle tokenizer has {tokenizer.get_vocab_size()} tokens, more than the "
+                              f"manifest's shared vocab {m.vocab_size}; re-export the bundle")
+        engines = {}
+        for role, info in m.models.items():
+            if role == "draft" and not speculative:
+                continue
+            e = OrtEngine(path / info.file, vocab_size=m.vocab_size, max_context=m.max_context,
+                          providers=providers, threads=threads)
+            got = (e.num_layers, e.num_kv_heads, e.head_dim)
+            if got != (info.num_layers, info.num_kv_heads, info.head_dim):
+                raise BundleError(f"{role} graph has (layers, kv heads, head dim) {got} but the manifest says "
+                                  f"{(info.num_layers, info.num_kv_heads, info.head_dim)}; re-export the bundle")
+            engines[role] = e
+        if not speculative:
+            config = replace(config, speculative=False)
+        return cls(target=engines["target"], draft=engines.get("draft"), tokenizer=tokenizer,
+                   vocab_size=m.vocab_size, eos_token_ids=m.eos_token_ids, max_context=m.max_context,
+                   max_draft_tokens=m.max_draft_tokens, config=config)
+
+    # -- public API ------------------------------------------------------------------------------
+    def generate(self, prompt, **overrides) -> Result:
+        """Generate from a prompt (str or token ids). Overrides: any GenerationConfig/SamplingParams field."""
+        stream = self.stream(prompt, **overrides)
+        for _ in stream:
+            pass
+        return stream.result
+
+    def stream(self, prompt, **overrides) -> Stream:
+        """Like generate(), but iterate for text pieces as soon as they are committed."""
+        cfg = self.config.updated(**overrides)
+        if cfg.speculative and self.draft is not None and cfg.k > self.max_draft_tokens:
+            raise ConfigError(f"k={cfg.k} exceeds the bundle's max draft tokens ({self.max_draft_tokens}); "
+                              f"use k <= {self.max_draft_tokens} or re-export with --max-draft-tokens {cfg.k}")
+        ids = self._encode(prompt)
+        return Stream(self._decode(ids, cfg))
+
+    def _encode(self, prompt) -> list[int]:
+        if isinstance(prompt, str):
+            if not prompt:
+                raise ConfigError("the prompt is empty; give at least one character")
+            ids = self.tokenizer.encode(prompt).ids
+        else:
+            ids = [int(t) for t in prompt]
+            if any(not 0 <= t < self.vocab_size for t in ids):
+                raise ConfigError(f"prompt token ids must be in [0, {self.vocab_size})")
+        if not ids:
+            raise ConfigError("the prompt encodes to no tokens; give a non-empty prompt")
+        if len(ids) >= self.max_context:
+            raise ConfigError(f"the prompt has {len(ids)} tokens but the bundle's max context is "
+                              f"{self.max_context}; shorten the prompt (leave room for new tokens) or "
+                              f"re-export with a larger --max-context")
+        return ids
+
+    # -- the loop --------------------------------------------------------------------------------
+    def _decode(self, ids: list[int], cfg: GenerationConfig):
+        speculative = cfg.speculative and self.draft is not None
+        engines = [self.target] + ([self.draft] if speculative else [])
+        stats = Stats(k=cfg.k if speculative else 0, prompt_tokens=len(ids),
+                      accepted_hist=[0] * ((cfg.k if speculative else 0) + 1))
+        rng = np.random.default_rng(cfg.seed)
+        text = TextStream(self.tokenizer, cfg.stop)
+        t0 = time.perf_counter()
+        for e in engines:       # invariant: caches hold every committed token but the last
+            e.truncate(0)
+            for s in range(0, len(ids) - 1, cfg.prefill_chunk):
+                e.run(np.asarray(ids[s:min(s + cfg.prefill_chunk, len(ids) - 1)]))
+        stats.seconds_prefill = time.perf_counter() - t0
+        tokens, finish = list(ids), None
+        t0 = time.perf_counter()
+        while finish is None:
+            budget = cfg.max_new_tokens - stats.new_tokens
+            k = min(stats.k, budget - 1, self.max_context - len(tokens))
+            if budget <= 0 or k < 0:
+                finish = "length"
+                break
+            new = self._step(tokens, k, cfg, rng, stats)
+            eos_at = next((i for i, t in enumerate(new) if t in self.eos), None)
+            if eos_at is not None:
+                new, finish = new[:eos_at + 1], "eos"
+            tokens += new
+            stats.new_tokens += len(new)
+            piece = text.push(new if finish is None else new[:-1])
+            if text.stopped:
+                finish = "stop"
+            if piece:
+                yield piece
+        stats.seconds_total = time.perf_counter() - t0
+        tail = text.flush()
+        if tail:
+            yield tail
+        return Result(text=text.text, token_ids=tokens[len(ids):], finish_reason=finish, stats=stats)
+
+    def _step(self, tokens: list[int], k: int, cfg: GenerationConfig, rng: np.random.Generator,
+              stats: Stats) -> list[int]:
+        """One round: draft k tokens, verify them in ONE target call over k+1 positions, accept,
+        and roll both caches back to the committed prefix. Returns the newly committed tokens."""
+        n, params = len(tokens), cfg.sampling
+        drafts: list[int] = []
+        q = np.empty((k, self.vocab_size))                              # [k, vocab]
+        if k:
+            t0 = time.perf_counter()
+            feed = tokens[self.draft.length:]    # 1 token; 2 when the draft never saw the last bonus
+            for i in range(k):
+                logits = self.draft.run(np.asarray(feed))[-1:]             # [1, vocab]
+                q[i] = probs(logits, params, history=tokens, drafts=drafts)[0]
+                drafts.append(sample(q[i], rng))
+                feed = drafts[-1:]
+            stats.draft_calls += k
+            stats.seconds_draft += time.perf_counter() - t0
+        t0 = time.perf_counter()
+        logits = self.target.run(np.asarray([tokens[-1]] + drafts))        # [k+1, vocab]
+        stats.seconds_target += time.perf_counter() - t0
+        stats.target_calls += 1
+        p = probs(logits, params, history=tokens, drafts=drafts)           # [k+1, vocab]
+        new, n_accepted = accept(drafts, q, p, rng)
+        self.target.truncate(n + n_accepted)     # committed prefix; the last new token is not fed yet
+        if k:
+            self.draft.truncate(min(self.draft.length, n + n_accepted))
+            stats.drafted += k
+            stats.accepted += n_accepted
+            stats.evaluated += n_accepted + (n_accepted < k)
+            stats.accepted_hist[n_accepted] += 1
+        stats.rounds += 1
+        return new

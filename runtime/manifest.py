@@ -1,0 +1,130 @@
+"""The bundle contract: `manifest.json`, written by spec-export, read and checked by the runtime.
+
+A bundle is a folder:
+    manifest.json           this contract (FORMAT_VERSION below)
+    target/model.onnx       (+ model.onnx.data) the target graph
+    draft/model.onnx        the draft graph (absent in a single-model bundle)
+    tokenizer.json          the shared tokenizer (Hugging Face `tokenizers` format)
+    prompts.jsonl           optional held-out prompts for benchmarks and checks
+
+Every graph follows the same I/O contract (names as in onnxruntime-genai and optimum):
+    inputs   input_ids int64 [batch, sequence_length]
+             attention_mask int64 [batch, total_sequence_length]
+             position_ids int64 [batch, sequence_length]            (optional: absent in genai graphs)
+             past_key_values.{i}.key|value [batch, kv_heads, past_sequence_length, head_dim]
+    outputs  logits float32 [batch, sequence_length, vocab]        (every new position)
+             present.{i}.key|value [batch, kv_heads, total_sequence_length, head_dim]
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+DTYPES = ("float32", "float16")
+
+
+class BundleError(ValueError):
+    """A bundle that cannot be used as it is; the message names the problem and the fix."""
+
+
+def io_names(num_layers: int) -> tuple[list[str], list[str]]:
+    inputs = ["input_ids", "attention_mask", "position_ids"]
+    outputs = ["logits"]
+    for i in range(num_layers):
+        inputs += [f"past_key_values.{i}.key", f"past_key_values.{i}.value"]
+        outputs += [f"present.{i}.key", f"present.{i}.value"]
+    return inputs, outputs
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    file: str                 # relative to the bundle root
+    model_type: str
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int           # width of the graph's logits (may exceed the shared vocab: padding rows)
+    dtype: str                # of weights and KV cache; logits are always float32
+    max_context: int
+    inputs: list[str]
+    outputs: list[str]
+    parity: dict = field(default_factory=dict)
+    export_seconds: float = 0.0
+
+    def __post_init__(self):
+        if self.dtype not in DTYPES:
+            raise BundleError(f"model dtype {self.dtype!r} is not one of {DTYPES}")
+        for name in ("num_layers", "num_kv_heads", "head_dim", "vocab_size", "max_context"):
+            if int(getattr(self, name)) < 1:
+                raise BundleError(f"model field {name} must be >= 1, got {getattr(self, name)}")
+
+
+@dataclass(frozen=True)
+class Manifest:
+    models: dict[str, ModelInfo]     # "target" and optionally "draft"
+    tokenizer: str
+    vocab_size: int                  # shared vocab: logits are sliced to it
+    eos_token_ids: list[int]
+    max_context: int
+    max_draft_tokens: int
+    generation: dict = field(default_factory=dict)   # the source model's generation_config defaults
+    prompts: str | None = None
+    format_version: int = FORMAT_VERSION
+    created_by: str = ""
+
+    def __post_init__(self):
+        if "target" not in self.models:
+            raise BundleError("manifest has no 'target' model")
+        for role, m in self.models.items():
+            if m.vocab_size < self.vocab_size:
+                raise BundleError(f"{role} logits have {m.vocab_size} entries, fewer than the shared "
+                                  f"vocab of {self.vocab_size}")
+        if self.max_draft_tokens < 1:
+            raise BundleError(f"max_draft_tokens must be >= 1, got {self.max_draft_tokens}")
+
+    @property
+    def has_draft(self) -> bool:
+        return "draft" in self.models
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def write(self, folder: Path) -> Path:
+        path = Path(folder) / MANIFEST
+        path.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        return path
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Manifest":
+        version = d.get("format_version")
+        if version != FORMAT_VERSION:
+            raise BundleError(f"bundle format version {version!r} is not supported (this specedge reads "
+                              f"version {FORMAT_VERSION}); re-export it with this version's spec-export")
+        try:
+            models = {role: ModelInfo(**m) for role, m in d["models"].items()}
+            return cls(**{**d, "models": models})
+        except (KeyError, TypeError) as e:
+            raise BundleError(f"manifest is malformed ({e}); re-export the bundle with spec-export") from e
+
+    @classmethod
+    def load(cls, folder: str | Path) -> "Manifest":
+        """Read and check a bundle: the format version, and that every file it names exists."""
+        folder = Path(folder)
+        path = folder / MANIFEST
+        if not folder.is_dir():
+            raise BundleError(f"bundle folder {folder} does not exist; create one with spec-export")
+        if not path.is_file():
+            raise BundleError(f"{folder} has no {MANIFEST}: not a specedge bundle (create one with spec-export)")
+        try:
+            d = json.loads(path.read_text())
+        except json.JSONDecodeError as e:
+            raise BundleError(f"{path} is not valid JSON ({e}); re-export the bundle") from e
+        m = cls.from_dict(d)
+        files = [m.tokenizer] + [info.file for info in m.models.values()] + ([m.prompts] if m.prompts else [])
+        missing = [f for f in files if not (folder / f).is_file()]
+        if missing:
+            raise BundleError(f"bundle {folder} is missing {', '.join(missing)}; re-export it with spec-export")
+        return m

@@ -1,0 +1,73 @@
+"""Logits -> probabilities, token sampling, and modified rejection sampling. Pure numpy, no I/O.
+
+`accept` is the whole of speculative sampling's correctness: whatever q is, the tokens it returns
+are distributed exactly as p (Leviathan et al. 2023, Chen et al. 2023).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .config import SamplingParams
+
+
+def _penalize(logits: np.ndarray, seen: np.ndarray, penalty: float) -> None:
+    vals = logits[seen]
+    logits[seen] = np.where(vals > 0, vals / penalty, vals * penalty)
+
+
+def probs(logits: np.ndarray, params: SamplingParams, *, history=None, drafts=()) -> np.ndarray:
+    """Warp logits [n, vocab] into probabilities [n, vocab] float64.
+
+    Row i is the distribution after `history` + drafts[:i] (what that position of a verify pass
+    sees), so the draft's q and the target's p are warped from the same prefix.
+    """
+    x = np.array(logits, dtype=np.float64)                       # [n, vocab], a private copy
+    n, vocab = x.shape
+    if params.repetition_penalty != 1.0 and history is not None:
+        seen = np.unique(np.asarray(history, dtype=np.int64))
+        for i in range(n):
+            _penalize(x[i], np.union1d(seen, np.asarray(drafts[:i], dtype=np.int64)),
+                      params.repetition_penalty)
+    if params.greedy:
+        out = np.zeros_like(x)
+        out[np.arange(n), x.argmax(axis=1)] = 1.0
+        return out
+    x /= params.temperature
+    if 0 < params.top_k < vocab:
+        kth = np.partition(x, vocab - params.top_k, axis=1)[:, vocab - params.top_k, None]
+        x[x < kth] = -np.inf
+    x -= x.max(axis=1, keepdims=True)
+    np.exp(x, out=x)
+    x /= x.sum(axis=1, keepdims=True)
+    if params.top_p < 1.0:
+        order = np.argsort(-x, axis=1)                           # [n, vocab]
+        sorted_p = np.take_along_axis(x, order, axis=1)
+        # keep the smallest prefix whose mass reaches top_p (the token crossing it included)
+        drop_sorted = np.cumsum(sorted_p, axis=1) - sorted_p >= params.top_p
+        np.put_along_axis(x, order, np.where(drop_sorted, 0.0, sorted_p), axis=1)
+        x /= x.sum(axis=1, keepdims=True)
+    return x
+
+
+def sample(dist: np.ndarray, rng: np.random.Generator) -> int:
+    """One draw from a probability vector [vocab] by inverse CDF (one uniform per draw)."""
+    cdf = np.cumsum(dist)
+    return int(min(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"), len(dist) - 1))
+
+
+def accept(draft_tokens, q: np.ndarray, p: np.ndarray, rng: np.random.Generator) -> tuple[list[int], int]:
+    """Modified rejection sampling over one verify pass.
+
+    draft_tokens [k] were sampled from q [k, vocab]; p [k+1, vocab] are the target's distributions
+    at the same positions plus one. Accept x_i with probability min(1, p_i(x)/q_i(x)); at the first
+    rejection return a recovered token from norm(max(0, p_i - q_i)); if all k pass, return a bonus
+    token from p_k. Returns (accepted drafts + one recovered-or-bonus token, number accepted).
+    """
+    for i, x in enumerate(draft_tokens):
+        if rng.random() * q[i, x] < p[i, x]:     # u < p/q without dividing (q[i, x] > 0: x ~ q_i)
+            continue
+        residual = np.maximum(p[i] - q[i], 0.0)  # [vocab]
+        # all-zero residual means p == q up to rounding: p itself is then the right distribution
+        dist = residual if residual.sum() > 1e-12 else p[i]
+        return [int(t) for t in draft_tokens[:i]] + [sample(dist, rng)], i
+    return [int(t) for t in draft_tokens] + [sample(p[len(draft_tokens)], rng)], len(draft_tokens)

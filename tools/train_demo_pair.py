@@ -1,0 +1,262 @@
+"""Train the demo pair (a Llama target and a small Llama draft) on the Python standard library.
+
+Dev-time tool (torch + transformers). Deterministic (seeded) and resumable: every phase keeps its
+state under --work (default ~/.cache/specedge/demo), outside the git tree, and picks up where it
+stopped. Phases, run in order (each one needs the previous):
+
+  data      collect stdlib .py files, split held-out BY FILE, train an 8k byte-level BPE,
+            tokenize train/held-out into uint16 files
+  target    train the target (LlamaForCausalLM, GQA) at constant LR after warm-up
+            (warm-up/stable/decay: the budget is open-ended, a cool-down ends it)
+  draft     train the draft: CE on the corpus plus KL to the (frozen) target's distribution
+  cooldown  linear decay of the LR to 0 over --steps steps for --model target|draft
+  package   write both as Hugging Face folders (fp16 safetensors, config, generation_config,
+            tokenizer) into --out, plus held-out prompts and figures for the model card
+
+  python tools/train_demo_pair.py data
+  python tools/train_demo_pair.py target --minutes 150 --threads 1      # resumable
+  python tools/train_demo_pair.py draft --minutes 60
+  python tools/train_demo_pair.py cooldown --model target --steps 400
+  python tools/train_demo_pair.py package --out models/
+Runs on CUDA when one is present (same recipe, bigger throughput).
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import sys
+import sysconfig
+import time
+from pathlib import Path
+
+import numpy as np
+
+SEED = 1234
+CONTEXT = 256
+VOCAB = 8192
+SPECIALS = ["<|endoftext|>", "<|pad|>"]
+HELD_OUT_PERCENT = 4
+
+TARGET = dict(hidden_size=384, intermediate_size=1024, num_hidden_layers=6, num_attention_heads=6,
+              num_key_value_heads=2)
+DRAFT = dict(hidden_size=128, intermediate_size=384, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2)
+
+
+def stdlib_files() -> list[Path]:
+    """Real code on every machine: the interpreter's own Lib/, without tests and site-packages."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    skip = {"test", "tests", "idle_test", "site-packages", "__pycache__"}
+    files = [p for p in root.rglob("*.py") if not (set(p.relative_to(root).parts[:-1]) & skip)]
+    return sorted(files, key=lambda p: str(p.relative_to(root)))
+
+
+EXTRA_PACKAGES = ("torch", "transformers", "numpy", "pip", "setuptools", "onnx", "onnxscript", "sympy")
+
+
+def extra_files() -> list[Path]:
+    """More real code for training only: the stdlib's own tests and the sources of the packages
+    installed beside this interpreter (the dev venv). Held-out data stays stdlib, never these."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    files = sorted(p for d in ("test", "idlelib/idle_test") for p in (root / d).rglob("*.py"))
+    site = Path(sysconfig.get_paths()["purelib"])
+    for name in EXTRA_PACKAGES:
+        files += sorted((site / name).rglob("*.py"))
+    return files
+
+
+def is_held_out(rel: str) -> bool:
+    return int(hashlib.sha256(rel.encode()).hexdigest(), 16) % 100 < HELD_OUT_PERCENT
+
+
+def phase_data(work: Path) -> None:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    root = Path(sysconfig.get_paths()["stdlib"])
+    train_txt, held_txt, held_files = [], [], []
+    for p in stdlib_files():
+        try:
+            text = p.read_text(encoding="utf-8")
+        except (UnicodeDecodeError, OSError):
+            continue
+        rel = str(p.relative_to(root))
+        (held_txt if is_held_out(rel) else train_txt).append(text)
+        if is_held_out(rel):
+            held_files.append(rel)
+    tok = Tokenizer(models.BPE(unk_token=None, byte_fallback=False))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=SPECIALS, min_frequency=2,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(train_txt, trainer=trainer)
+    extra = []
+    for p in extra_files():
+        try:
+            extra.append(p.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, OSError):
+            continue
+    print(f"stdlib train {len(train_txt)} files, held out {len(held_txt)}, extra {len(extra)} files")
+    train_txt += extra
+    work.mkdir(parents=True, exist_ok=True)
+    tok.save(str(work / "tokenizer.json"))
+    eos = tok.token_to_id(SPECIALS[0])
+    for name, texts in (("train", train_txt), ("heldout", held_txt)):
+        ids: list[int] = []
+        for enc in tok.encode_batch(texts):
+            ids.extend(enc.ids)
+            ids.append(eos)
+        np.asarray(ids, dtype=np.uint16).tofile(work / f"{name}.bin")
+    meta = {"files_train": len(train_txt), "files_heldout": len(held_txt), "heldout_files": held_files,
+            "bytes_train": sum(len(t.encode()) for t in train_txt),
+            "bytes_heldout": sum(len(t.encode()) for t in held_txt),
+            "tokens_train": int(os.path.getsize(work / "train.bin") // 2),
+            "tokens_heldout": int(os.path.getsize(work / "heldout.bin") // 2), "stdlib": str(root)}
+    (work / "data.json").write_text(json.dumps(meta, indent=1))
+    print({k: v for k, v in meta.items() if k != "heldout_files"})
+
+
+def build(kind: str):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    dims = TARGET if kind == "target" else DRAFT
+    cfg = LlamaConfig(vocab_size=VOCAB, max_position_embeddings=1024, tie_word_embeddings=True,
+                      bos_token_id=0, eos_token_id=0, pad_token_id=1, rope_theta=10000.0, **dims)
+    return LlamaForCausalLM(cfg)
+
+
+def batches(data: np.ndarray, *, batch: int, rng: np.random.Generator):
+    import torch
+    starts = rng.integers(0, len(data) - CONTEXT - 1, size=batch)
+    x = np.stack([data[s:s + CONTEXT + 1] for s in starts]).astype(np.int64)
+    return torch.from_numpy(x[:, :-1]), torch.from_numpy(x[:, 1:])
+
+
+def evaluate(model, work: Path, *, windows: int = 64) -> dict:
+    """Held-out loss, top-1 accuracy and bits per byte on fixed, non-overlapping windows."""
+    import torch
+    data = np.fromfile(work / "heldout.bin", dtype=np.uint16)
+    meta = json.loads((work / "data.json").read_text())
+    step = max(CONTEXT + 1, (len(data) - CONTEXT - 1) // windows)
+    nll, correct, count = 0.0, 0, 0
+    dev = next(model.parameters()).device
+    model.eval()
+    with torch.no_grad():
+        for s in range(0, len(data) - CONTEXT - 1, step)[:windows]:
+            x = torch.from_numpy(data[s:s + CONTEXT + 1].astype(np.int64))[None].to(dev)
+            logits = model(input_ids=x[:, :-1]).logits.float()
+            nll += torch.nn.functional.cross_entropy(logits[0], x[0, 1:], reduction="sum").item()
+            correct += (logits[0].argmax(-1) == x[0, 1:]).sum().item()
+            count += CONTEXT
+    model.train()
+    bytes_per_token = meta["bytes_heldout"] / meta["tokens_heldout"]
+    return {"loss": nll / count, "top1": correct / count,
+            "bits_per_byte": nll / count / math.log(2) / bytes_per_token}
+
+
+def lr_at(step: int, *, base: float, warmup: int, cooldown: tuple[int, int] | None) -> float:
+    if step < warmup:
+        return base * (step + 1) / warmup
+    if cooldown is None:
+        return base
+    start, length = cooldown
+    return base * max(0.0, 1.0 - (step - start) / length)
+
+
+def train(kind: str, work: Path, args) -> None:
+    import torch
+    torch.manual_seed(SEED + (kind == "draft"))
+    torch.set_num_threads(args.threads)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    ckpt = work / f"{kind}.pt"
+    model = build(kind).to(dev)
+    base_lr = 2e-3 if kind == "target" else 3e-3
+    opt = torch.optim.AdamW(model.parameters(), lr=base_lr, betas=(0.9, 0.95), weight_decay=0.1)
+    state = {"step": 0, "tokens": 0, "seconds": 0.0, "cooldown": None, "log": []}
+    if ckpt.exists():
+        saved = torch.load(ckpt, map_location=dev, weights_only=False)
+        model.load_state_dict(saved["model"])
+        opt.load_state_dict(saved["opt"])
+        state = saved["state"]
+        print(f"resumed {kind} at step {state['step']} ({state['tokens'] / 1e6:.1f} M tokens)")
+    if args.phase == "cooldown":
+        if state["cooldown"] is None:
+            state["cooldown"] = (state["step"], args.steps)
+    teacher = None
+    if kind == "draft":
+        teacher = build("target").to(dev)
+        teacher.load_state_dict(torch.load(work / "target.pt", map_location=dev, weights_only=False)["model"])
+        teacher.eval().requires_grad_(False)
+    data = np.fromfile(work / "train.bin", dtype=np.uint16)
+    rng = np.random.default_rng([SEED, state["step"], kind == "draft"])
+    t_end = time.time() + 60 * args.minutes
+    t_save = time.time()
+    t0 = time.time()
+    while time.time() < t_end:
+        cd = state["cooldown"]
+        if cd is not None and state["step"] >= cd[0] + cd[1]:
+            break
+        lr = lr_at(state["step"], base=base_lr, warmup=200, cooldown=cd)
+        for g in opt.param_groups:
+            g["lr"] = lr
+        x, y = batches(data, batch=args.batch, rng=rng)
+        x, y = x.to(dev), y.to(dev)
+        logits = model(input_ids=x).logits.float()
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), y.reshape(-1))
+        if teacher is not None:
+            with torch.no_grad():
+                t_logp = torch.log_softmax(teacher(input_ids=x).logits.float(), -1)
+            kl = torch.nn.functional.kl_div(torch.log_softmax(logits, -1), t_logp, log_target=True,
+                                            reduction="batchmean") / CONTEXT
+            loss = 0.3 * loss + 0.7 * kl
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        state["step"] += 1
+        state["tokens"] += x.numel()
+        if state["step"] % 50 == 0:
+            el = time.time() - t0
+            print(f"{kind} step {state['step']} loss {loss.item():.3f} lr {lr:.2e} "
+                  f"{state['tokens'] / 1e6:.2f} M tok  {x.numel() * 50 / max(el, 1e-9):.0f} tok/s", flush=True)
+            t0 = time.time()
+        if time.time() - t_save > 600:
+            save(ckpt, model, opt, state, work)
+            t_save = time.time()
+    save(ckpt, model, opt, state, work)
+
+
+def save(ckpt: Path, model, opt, state: dict, work: Path) -> None:
+    import torch
+    state["log"].append({"step": state["step"], "tokens": state["tokens"], **evaluate(model, work, windows=16)})
+    print("eval", state["log"][-1], flush=True)
+    tmp = ckpt.with_suffix(".tmp")
+    torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "state": state}, tmp)
+    os.replace(tmp, ckpt)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("phase", choices=["data", "target", "draft", "cooldown", "package"])
+    ap.add_argument("--work", type=Path, default=Path.home() / ".cache" / "specedge" / "demo")
+    ap.add_argument("--minutes", type=float, default=60.0)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--model", choices=["target", "draft"], default="target")
+    ap.add_argument("--steps", type=int, default=400, help="cool-down length in steps")
+    ap.add_argument("--out", type=Path, default=Path("models"))
+    args = ap.parse_args(argv)
+    if args.phase == "data":
+        phase_data(args.work)
+    elif args.phase in ("target", "draft"):
+        train(args.phase, args.work, args)
+    elif args.phase == "cooldown":
+        train(args.model, args.work, args)
+    else:
+        sys.exit("package: not written yet")
+
+
+if __name__ == "__main__":
+    main()
