@@ -7,6 +7,8 @@ flat past tensors into a transformers `DynamicCache` and the returned cache back
 from __future__ import annotations
 
 import inspect
+import logging
+import warnings
 from pathlib import Path
 
 import torch
@@ -72,7 +74,10 @@ def export_onnx(model, dims: dict, path: Path) -> None:
               tuple(kv_spec for _ in range(2 * dims["num_layers"])))
     inputs, outputs = io_names(dims["num_layers"])
     args = example_inputs(dims, dtype=next(model.parameters()).dtype)
-    with torch.no_grad():
+    # the exporter's warnings (torchvision absent, deprecations) say nothing about this graph
+    logging.getLogger("torch.onnx").setLevel(logging.ERROR)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
         program = torch.onnx.export(KVWrapper(model), args, dynamic_shapes=shapes, input_names=inputs,
                                     output_names=outputs, dynamo=True, optimize=True,
                                     external_data=True, verbose=False)

@@ -53,6 +53,9 @@ def load_model(folder: Path, *, dtype: str, max_context: int | None, allow_pickl
     """Load the model in `dtype` (fp32|fp16) whatever the stored dtype; return (model, dims)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
 
     model_type, arch = arch_of(folder)
     safetensors = check_weights(folder, allow_pickle=allow_pickle)

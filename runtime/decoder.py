@@ -180,6 +180,9 @@ class SpeculativeDecoder:
                 new, finish = new[:eos_at + 1], "eos"
             tokens += new
             stats.new_tokens += len(new)
+            if finish == "eos":    # drop what the caches hold beyond the EOS
+                for e in engines:
+                    e.truncate(min(e.length, len(tokens) - 1))
             piece = text.push(new if finish is None else new[:-1])
             if text.stopped:
                 finish = "stop"
@@ -203,7 +206,7 @@ class SpeculativeDecoder:
             feed = tokens[self.draft.length:]    # 1 token; 2 when the draft never saw the last bonus
             for i in range(k):
                 logits = self.draft.run(np.asarray(feed))[-1:]             # [1, vocab]
-                q[i] = probs(logits, params, history=tokens, drafts=drafts)[0]
+                q[i] = probs(logits, params, history=tokens, drafts=drafts, first=i)[0]
                 drafts.append(sample(q[i], rng))
                 feed = drafts[-1:]
             stats.draft_calls += k

@@ -15,18 +15,18 @@ def _penalize(logits: np.ndarray, seen: np.ndarray, penalty: float) -> None:
     logits[seen] = np.where(vals > 0, vals / penalty, vals * penalty)
 
 
-def probs(logits: np.ndarray, params: SamplingParams, *, history=None, drafts=()) -> np.ndarray:
+def probs(logits: np.ndarray, params: SamplingParams, *, history=None, drafts=(), first: int = 0) -> np.ndarray:
     """Warp logits [n, vocab] into probabilities [n, vocab] float64.
 
-    Row i is the distribution after `history` + drafts[:i] (what that position of a verify pass
-    sees), so the draft's q and the target's p are warped from the same prefix.
+    Row i is the distribution after `history` + drafts[:first + i] (what that position of a verify
+    pass sees), so the draft's q and the target's p are warped from the same prefix.
     """
     x = np.array(logits, dtype=np.float64)                       # [n, vocab], a private copy
     n, vocab = x.shape
     if params.repetition_penalty != 1.0 and history is not None:
         seen = np.unique(np.asarray(history, dtype=np.int64))
         for i in range(n):
-            _penalize(x[i], np.union1d(seen, np.asarray(drafts[:i], dtype=np.int64)),
+            _penalize(x[i], np.union1d(seen, np.asarray(drafts[:first + i], dtype=np.int64)),
                       params.repetition_penalty)
     if params.greedy:
         out = np.zeros_like(x)

@@ -1,0 +1,76 @@
+"""spec-run BUNDLE "prompt": speculative decoding on an exported bundle, streamed to the terminal."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from specedge.engines.base import EngineError
+
+from .config import ConfigError, GenerationConfig, SamplingParams
+from .manifest import BundleError
+
+_G, _S = GenerationConfig(), SamplingParams()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="spec-run", description=__doc__)
+    ap.add_argument("bundle", help="bundle folder written by spec-export")
+    ap.add_argument("prompt", help="prompt text ('-' reads standard input)")
+    ap.add_argument("--max-new-tokens", type=int, default=_G.max_new_tokens)
+    ap.add_argument("--temperature", type=float, default=_S.temperature, help="0 = greedy (default)")
+    ap.add_argument("--top-k", type=int, default=_S.top_k, help="0 = off")
+    ap.add_argument("--top-p", type=float, default=_S.top_p, help="1 = off")
+    ap.add_argument("--repetition-penalty", type=float, default=_S.repetition_penalty, help="1 = off")
+    ap.add_argument("--k", type=int, default=_G.k, help=f"draft tokens per round (default {_G.k})")
+    ap.add_argument("--seed", type=int, default=_G.seed)
+    ap.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    ap.add_argument("--no-speculation", action="store_true", help="target-only decoding")
+    ap.add_argument("--stream", action="store_true", help="print text as it is committed")
+    ap.add_argument("--json", action="store_true", help="print one JSON object (text, ids, stats)")
+    ap.add_argument("--providers", default="cpu", help="comma list: cpu, cuda, tensorrt (default cpu)")
+    ap.add_argument("--threads", type=int, default=0, help="ONNX Runtime intra-op threads (0 = auto)")
+    return ap
+
+
+def stats_line(stats) -> str:
+    line = f"[{stats.new_tokens} tokens, {stats.tokens_per_second:.1f} tokens/s"
+    if stats.drafted:
+        line += (f", k={stats.k}, acceptance {stats.acceptance_rate:.2f}, alpha {stats.alpha:.2f}, "
+                 f"{stats.tokens_per_target_call:.2f} tokens/target call")
+    return line + "]"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    try:
+        cfg = GenerationConfig(max_new_tokens=args.max_new_tokens, k=args.k, seed=args.seed,
+                               stop=tuple(args.stop), speculative=not args.no_speculation,
+                               sampling=SamplingParams(temperature=args.temperature, top_k=args.top_k,
+                                                       top_p=args.top_p,
+                                                       repetition_penalty=args.repetition_penalty))
+        from .decoder import SpeculativeDecoder
+        dec = SpeculativeDecoder.from_bundle(args.bundle, providers=args.providers.split(","),
+                                             threads=args.threads, speculative=cfg.speculative, config=cfg)
+        stream = dec.stream(prompt)
+        for piece in stream:
+            if args.stream and not args.json:
+                sys.stdout.write(piece)
+                sys.stdout.flush()
+        res = stream.result
+    except (ConfigError, BundleError, EngineError, ImportError) as e:
+        print(f"spec-run: error: {e}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps({"text": res.text, "token_ids": res.token_ids, "finish_reason": res.finish_reason,
+                          "stats": res.stats.to_dict()}))
+        return 0
+    if not args.stream:
+        sys.stdout.write(res.text)
+    print(f"\n{stats_line(res.stats)} finish: {res.finish_reason}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,135 @@
+"""spec-export: every architecture's parity, the pair bundle, the manifest, and every bad input."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from conftest import byte_tokenizer_json, make_model
+from specedge.export import ExportError, export_bundle
+from specedge.export.cli import main as export_main
+from specedge.runtime.manifest import FORMAT_VERSION, Manifest
+
+CASES = ("prefill", "decode", "verify", "rollback")
+
+
+@pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2", "qwen3", "phi3", "gpt2"])
+def test_architecture_parity(arch, tmp_path):
+    src = make_model(tmp_path / arch, arch, seed=7)
+    m = export_bundle(target=src, draft=None, out=tmp_path / "bundle", k=4, max_context=128, quiet=True)
+    parity = m.models["target"].parity
+    assert set(parity) == set(CASES)
+    for case in CASES:
+        assert parity[case]["max_abs_diff"] < 1e-4, (arch, case, parity[case])
+        assert 0 <= parity[case]["max_rel_diff"] < 1e-4
+    assert m.models["target"].model_type == arch
+    # the graph follows the contract: names, order (logits first), dynamic dims
+    import onnx
+    g = onnx.load(tmp_path / "bundle" / "target" / "model.onnx", load_external_data=False).graph
+    assert [i.name for i in g.input] == m.models["target"].inputs
+    assert [o.name for o in g.output][0] == "logits"
+    dims = [d.dim_param for d in g.input[3].type.tensor_type.shape.dim]
+    assert dims[0] and dims[2] and not dims[1] and not dims[3]   # batch, past dynamic; heads, head_dim fixed
+
+
+def test_pair_cli_and_manifest_round_trip(tmp_path, llama_target, llama_drafts):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "def f(x):", "kind": "function"}\n')
+    out = tmp_path / "pair"
+    rc = export_main(["--target", str(llama_target), "--draft", str(llama_drafts["agree"]), "--out", str(out),
+                      "--max-draft-tokens", "6", "--max-context", "200", "--prompts", str(prompts), "--quiet"])
+    assert rc == 0
+    m = Manifest.load(out)
+    raw = json.loads((out / "manifest.json").read_text())
+    assert raw["format_version"] == FORMAT_VERSION == m.format_version
+    assert Manifest.from_dict(m.to_dict()) == m
+    assert m.max_draft_tokens == 6 and m.max_context == 200 and m.eos_token_ids == [256]
+    assert m.vocab_size == 320 and m.prompts == "prompts.jsonl" and (out / "prompts.jsonl").is_file()
+    for role in ("target", "draft"):
+        info = m.models[role]
+        assert (out / info.file).is_file() and info.dtype == "float32" and info.num_layers == 2
+        for case in CASES:
+            assert raw["models"][role]["parity"][case]["max_abs_diff"] < 1e-4
+            assert "max_rel_diff" in raw["models"][role]["parity"][case]
+    assert not [p for p in tmp_path.iterdir() if ".partial-" in p.name]
+
+
+def test_fp16_weights_export_as_fp32(tmp_path):
+    src = make_model(tmp_path / "half", "llama", seed=3, dtype="float16")
+    m = export_bundle(target=src, draft=None, out=tmp_path / "b", k=2, max_context=64, quiet=True)
+    assert m.models["target"].dtype == "float32"
+    assert m.models["target"].parity["verify"]["max_abs_diff"] < 1e-4
+
+
+def _err(capsys, argv) -> str:
+    assert export_main(argv) == 2
+    return capsys.readouterr().err
+
+
+def test_bad_inputs(tmp_path, capsys, llama_target):
+    out = str(tmp_path / "out")
+    assert "does not exist" in _err(capsys, ["model", str(tmp_path / "nope"), "--out", out])
+    (tmp_path / "empty").mkdir()
+    assert "no config.json" in _err(capsys, ["model", str(tmp_path / "empty"), "--out", out])
+    bad = tmp_path / "bert"
+    shutil.copytree(llama_target, bad)
+    (bad / "config.json").write_text(json.dumps({"model_type": "bert"}))
+    msg = _err(capsys, ["model", str(bad), "--out", out])
+    assert "'bert' is not supported" in msg and "llama" in msg and "gpt2" in msg
+    pickled = tmp_path / "pickled"
+    shutil.copytree(llama_target, pickled)
+    (pickled / "model.safetensors").rename(pickled / "pytorch_model.bin")
+    assert "--allow-pickle" in _err(capsys, ["model", str(pickled), "--out", out])
+    assert "max-draft-tokens must be >= 1" in _err(capsys, ["model", str(llama_target), "--out", out,
+                                                             "--max-draft-tokens", "0"])
+    msg = _err(capsys, ["model", str(llama_target), "--out", out, "--max-context", "100000"])
+    assert "position limit of 512" in msg
+    (tmp_path / "exists").mkdir()
+    assert "--overwrite" in _err(capsys, ["model", str(llama_target), "--out", str(tmp_path / "exists")])
+    assert not (tmp_path / "out").exists()
+
+
+def test_pickle_allowed_on_request(tmp_path, llama_target):
+    from specedge.export.loader import check_weights
+    pickled = tmp_path / "pickled"
+    shutil.copytree(llama_target, pickled)
+    (pickled / "model.safetensors").unlink()
+    (pickled / "pytorch_model.bin").write_bytes(b"")
+    with pytest.raises(ExportError, match="pickled"):
+        check_weights(pickled, allow_pickle=False)
+    assert check_weights(pickled, allow_pickle=True) is False
+
+
+def test_vocab_mismatch_names_sizes_and_token(tmp_path, llama_target):
+    other = make_model(tmp_path / "other", "llama", seed=5, tokenizer=byte_tokenizer_json(swap=(65, 66)))
+    with pytest.raises(ExportError) as e:
+        export_bundle(target=llama_target, draft=other, out=tmp_path / "b", quiet=True)
+    assert "257 tokens" in str(e.value) and "first difference at id 65" in str(e.value)
+    assert not (tmp_path / "b").exists()
+
+
+def test_padded_embedding_rows_are_allowed(tmp_path, llama_target):
+    """Qwen-style padding: logits wider than the tokenizer, and of different widths in the pair."""
+    wide = make_model(tmp_path / "wide", "llama", seed=9, vocab=384, layers=1, hidden=32)
+    m = export_bundle(target=llama_target, draft=wide, out=tmp_path / "b", k=2, max_context=64, quiet=True)
+    assert m.vocab_size == 320 and m.models["draft"].vocab_size == 384
+
+
+def test_failure_halfway_leaves_nothing(tmp_path, llama_target, monkeypatch):
+    import specedge.export.graph as graph
+
+    def boom(*a, **k):
+        raise RuntimeError("simulated exporter crash")
+    monkeypatch.setattr(graph, "export_onnx", boom)
+    with pytest.raises(RuntimeError, match="simulated"):
+        export_bundle(target=llama_target, draft=None, out=tmp_path / "b", quiet=True)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_overwrite_replaces_bundle(tmp_path, llama_target):
+    out = tmp_path / "b"
+    export_bundle(target=llama_target, draft=None, out=out, k=2, max_context=64, quiet=True)
+    export_bundle(target=llama_target, draft=None, out=out, k=3, max_context=64, quiet=True, overwrite=True)
+    assert Manifest.load(out).max_draft_tokens == 3
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b"]

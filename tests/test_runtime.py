@@ -1,0 +1,201 @@
+"""The runtime: greedy identity, KV rollback, streaming, determinism and every bad input."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from specedge.engines import EngineError, OrtEngine
+from specedge.runtime import BundleError, ConfigError, SpeculativeDecoder
+from specedge.runtime.cli import main as run_main
+from specedge.runtime.text import TextStream
+
+PROMPTS = [list(np.random.default_rng(i).integers(0, 256, size=1 + (i * 7) % 23)) for i in range(20)]
+
+
+@pytest.fixture(scope="module")
+def decoders(pair_bundles):
+    return {name: SpeculativeDecoder.from_bundle(path) for name, path in pair_bundles.items()}
+
+
+def _near_tie(dec, ids, pos) -> float:
+    """Top-2 gap of the target's logits at generated position `pos` (fresh prefill)."""
+    dec.target.truncate(0)
+    logits = dec.target.run(np.asarray(ids))[-1]
+    top2 = np.sort(logits)[-2:]
+    return float(top2[1] - top2[0])
+
+
+@pytest.mark.parametrize("draft", ["agree", "disagree"])
+def test_greedy_identity_every_k(decoders, draft):
+    dec = decoders[draft]
+    full_rounds = 0
+    for prompt in PROMPTS:
+        plain = dec.generate(prompt, max_new_tokens=24, speculative=False)
+        assert plain.stats.target_calls == len(plain.token_ids) and plain.stats.drafted == 0
+        for k in range(1, 9):
+            spec = dec.generate(prompt, max_new_tokens=24, k=k)
+            if spec.token_ids != plain.token_ids:
+                i = next(j for j, (a, b) in enumerate(zip(spec.token_ids, plain.token_ids)) if a != b)
+                gap = _near_tie(dec, list(prompt) + plain.token_ids[:i], i)
+                assert gap < 1e-5, f"k={k}: diverged at token {i} with top-2 gap {gap} (not a near-tie)"
+                pytest.skip(f"near-tie divergence at token {i} (gap {gap:.1e})")
+            assert spec.stats.target_calls < len(spec.token_ids) or k == 1 or draft == "disagree"
+            full_rounds += spec.stats.accepted_hist[k]
+    if draft == "agree":
+        assert full_rounds > 0, "no round accepted all k drafts: the bonus-token path went untested"
+
+
+def test_draft_quality_shows_in_stats(decoders):
+    agree = decoders["agree"].generate(PROMPTS[0], max_new_tokens=48, k=4).stats
+    disagree = decoders["disagree"].generate(PROMPTS[0], max_new_tokens=48, k=4).stats
+    assert agree.alpha > 0.6 > disagree.alpha
+    for s in (agree, disagree):
+        assert s.drafted == s.draft_calls and s.accepted <= s.evaluated <= s.drafted
+        # every round drafts, except a last one with room for a single token (plain step)
+        assert s.target_calls - 1 <= sum(s.accepted_hist) <= s.target_calls and s.new_tokens == 48
+        assert abs(s.tokens_per_target_call - 48 / s.target_calls) < 1e-9
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_kv_rollback_matches_fresh_prefill(decoders, pair_bundles, temperature):
+    dec = decoders["disagree"]
+    res = dec.generate(PROMPTS[3], max_new_tokens=40, k=6, temperature=temperature, seed=1)
+    assert res.stats.accepted < res.stats.drafted, "no rejection happened"
+    committed = list(PROMPTS[3]) + res.token_ids
+    for engine in (dec.target, dec.draft):
+        assert engine.length <= len(committed) - 1
+        engine.truncate(min(engine.length, len(committed) - 1))
+        after_rollback = engine.run(np.asarray(committed[engine.length:]))[-1]
+        fresh = OrtEngine(engine.session._model_path, vocab_size=dec.vocab_size)
+        reference = fresh.run(np.asarray(committed))[-1]
+        assert np.abs(after_rollback - reference).max() < 1e-5
+
+
+def test_seeded_determinism(decoders):
+    dec = decoders["disagree"]
+    runs = [dec.generate(PROMPTS[1], max_new_tokens=30, k=3, temperature=1.0, seed=s).token_ids
+            for s in (11, 11, 12)]
+    assert runs[0] == runs[1] and runs[0] != runs[2]
+
+
+def test_sampling_filters_keep_target_law_support(decoders):
+    """top-k = 1 is greedy whatever the temperature; the output must equal greedy decoding."""
+    dec = decoders["disagree"]
+    greedy = dec.generate(PROMPTS[2], max_new_tokens=20, speculative=False).token_ids
+    assert dec.generate(PROMPTS[2], max_new_tokens=20, k=4, temperature=1.3, top_k=1, seed=5).token_ids == greedy
+    tiny_p = dec.generate(PROMPTS[2], max_new_tokens=20, k=4, temperature=0.8, top_p=1e-6, seed=5).token_ids
+    assert tiny_p == greedy
+
+
+def test_stream_pieces_and_stop_strings(decoders):
+    dec = decoders["agree"]
+    prompt = "def add(a, b):"
+    full = dec.generate(prompt, max_new_tokens=40, seed=0)
+    pieces = list(dec.stream(prompt, max_new_tokens=40))
+    assert "".join(pieces) == full.text
+    # a stop string that first occurs mid-text (random weights: skip undecodable bytes)
+    at = next(i for i in range(5, len(full.text) - 3) if "\ufffd" not in full.text[i:i + 3]
+              and full.text.find(full.text[i:i + 3]) == i)
+    stop = full.text[at:at + 3]
+    stream = dec.stream(prompt, max_new_tokens=40, stop=[stop])
+    pieces = list(stream)
+    assert stream.result.finish_reason == "stop" and stream.result.text == full.text[:at]
+    assert "".join(pieces) == full.text[:at] and all(stop not in p for p in pieces)
+
+
+class _Bytes:
+    """A tokenizer stand-in whose tokens are single UTF-8 bytes (what byte-level BPE degrades to)."""
+    def decode(self, ids, skip_special_tokens=True):
+        return bytes(ids).decode("utf-8", errors="replace")
+
+
+def test_text_stream_is_utf8_safe_and_holds_back_stops():
+    text = "héllo wörld € 🙂 END tail"
+    ts = TextStream(_Bytes(), stop=("END",))
+    pieces = [ts.push([b]) for b in text.encode()]
+    pieces.append(ts.flush())
+    assert ts.stopped and "".join(pieces) == "héllo wörld € 🙂 "
+    assert all("\ufffd" not in p and "EN" not in p for p in pieces)
+
+
+def test_context_exhaustion_ends_with_length(pair_bundles):
+    dec = SpeculativeDecoder.from_bundle(pair_bundles["agree"])
+    prompt = list(np.arange(250) % 256)
+    res = dec.generate(prompt, max_new_tokens=100, k=8)
+    assert res.finish_reason == "length" and len(prompt) + len(res.token_ids) == dec.max_context + 1
+
+
+def test_bad_generation_inputs(decoders):
+    dec = decoders["agree"]
+    for kwargs, match in [({"k": 9}, "max draft tokens"), ({"k": 0}, "k "), ({"temperature": -1}, "temperature"),
+                          ({"top_p": 0.0}, "top_p"), ({"top_p": 1.5}, "top_p"), ({"top_k": -1}, "top_k"),
+                          ({"max_new_tokens": 0}, "max_new_tokens"), ({"bogus": 1}, "unknown")]:
+        with pytest.raises(ConfigError, match=match):
+            dec.generate("x", **kwargs)
+    with pytest.raises(ConfigError, match="empty"):
+        dec.generate("")
+    with pytest.raises(ConfigError, match="max context is 256"):
+        dec.generate([1] * 300)
+
+
+def _bundle_copy(src, dst, edit=None):
+    shutil.copytree(src, dst)
+    if edit:
+        m = json.loads((dst / "manifest.json").read_text())
+        edit(m)
+        (dst / "manifest.json").write_text(json.dumps(m))
+    return dst
+
+
+def test_bad_bundles(pair_bundles, tmp_path):
+    src = pair_bundles["agree"]
+    with pytest.raises(BundleError, match="does not exist"):
+        SpeculativeDecoder.from_bundle(tmp_path / "nope")
+    with pytest.raises(BundleError, match="format version 99"):
+        SpeculativeDecoder.from_bundle(_bundle_copy(src, tmp_path / "v", lambda m: m.update(format_version=99)))
+    b = _bundle_copy(src, tmp_path / "missing")
+    (b / "draft" / "model.onnx").unlink()
+    with pytest.raises(BundleError, match="missing draft/model.onnx"):
+        SpeculativeDecoder.from_bundle(b)
+    b = _bundle_copy(src, tmp_path / "vocab", lambda m: m.update(vocab_size=100))
+    with pytest.raises(BundleError, match="tokenizer has 257 tokens"):
+        SpeculativeDecoder.from_bundle(b)
+    b = _bundle_copy(src, tmp_path / "narrow", lambda m: m["models"]["draft"].update(vocab_size=300))
+    with pytest.raises(BundleError, match="draft logits have 300"):
+        SpeculativeDecoder.from_bundle(b)
+    b = _bundle_copy(src, tmp_path / "corrupt")
+    (b / "target" / "model.onnx").write_bytes(b"\x08garbage" * 100)
+    with pytest.raises(EngineError, match="corrupt"):
+        SpeculativeDecoder.from_bundle(b)
+
+
+def test_cli_json_and_errors(pair_bundles, capsys):
+    assert run_main([str(pair_bundles["agree"]), "def f(x):", "--max-new-tokens", "12", "--json", "--k", "3"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out) == {"text", "token_ids", "finish_reason", "stats"}
+    for key in ("drafted", "accepted", "evaluated", "acceptance_rate", "alpha", "tokens_per_target_call",
+                "target_calls", "draft_calls", "tokens_per_second", "accepted_hist"):
+        assert key in out["stats"]
+    assert len(out["token_ids"]) == 12 and out["finish_reason"] == "length"
+    assert run_main([str(pair_bundles["agree"]), "x", "--stream", "--max-new-tokens", "5"]) == 0
+    assert "tokens/target call" in capsys.readouterr().err
+    for argv, msg in [(["x", "--temperature", "-0.5"], "temperature"), (["x", "--k", "20"], "max draft tokens"),
+                      ([""], "empty")]:
+        assert run_main([str(pair_bundles["agree"])] + argv) == 2
+        assert msg in capsys.readouterr().err
+
+
+def test_repetition_penalty_sees_the_same_prefix_in_p_and_q():
+    """Row i of a verify pass and the draft's i-th call must both penalise drafts[:i]."""
+    from specedge.runtime import SamplingParams, probs
+    params = SamplingParams(temperature=1.0, repetition_penalty=2.0)
+    logits = np.random.default_rng(0).normal(size=(3, 10)) + 3.0     # [k+1, vocab]
+    drafts = [4, 7]
+    p = probs(logits, params, history=[1], drafts=drafts)            # verify: rows see drafts[:i]
+    for i in range(3):
+        q_i = probs(logits[i:i + 1], params, history=[1], drafts=drafts, first=i)[0]
+        assert np.allclose(p[i], q_i)
+    assert not np.allclose(p[2], probs(logits[2:3], params, history=[1])[0])
