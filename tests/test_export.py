@@ -133,3 +133,37 @@ def test_overwrite_replaces_bundle(tmp_path, llama_target):
     export_bundle(target=llama_target, draft=None, out=out, k=3, max_context=64, quiet=True, overwrite=True)
     assert Manifest.load(out).max_draft_tokens == 3
     assert sorted(p.name for p in tmp_path.iterdir()) == ["b"]
+
+
+def test_fp16_export_runs_in_the_runtime(tmp_path, llama_target):
+    from specedge.runtime import SpeculativeDecoder
+    out = tmp_path / "half"
+    m = export_bundle(target=llama_target, draft=None, out=out, dtype="fp16", k=2, max_context=64, quiet=True)
+    info = m.models["target"]
+    assert info.dtype == "float16"
+    assert all(info.parity[c]["max_rel_diff"] < 1e-2 for c in CASES)    # fp16 vs PyTorch fp16
+    res = SpeculativeDecoder.from_bundle(out).generate([1, 2, 3], max_new_tokens=5)
+    assert len(res.token_ids) == 5
+
+
+def test_batch_is_dynamic(tmp_path, llama_target):
+    """The graph runs batch 2 with a past, matching PyTorch row by row."""
+    import numpy as np
+    import onnxruntime as ort
+    import torch
+    from transformers import AutoModelForCausalLM
+    export_bundle(target=llama_target, draft=None, out=tmp_path / "b", k=2, max_context=64, quiet=True)
+    sess = ort.InferenceSession(str(tmp_path / "b" / "target" / "model.onnx"), providers=["CPUExecutionProvider"])
+    model = AutoModelForCausalLM.from_pretrained(llama_target, dtype=torch.float32).eval()
+    ids = np.random.default_rng(0).integers(0, 256, size=(2, 7))
+    feed = {"input_ids": ids[:, :4], "attention_mask": np.ones((2, 4), np.int64),
+            "position_ids": np.tile(np.arange(4), (2, 1))}
+    feed.update({i.name: np.zeros((2, 2, 0, 16), np.float32) for i in sess.get_inputs()[3:]})
+    out = sess.run(None, feed)
+    feed = {"input_ids": ids[:, 4:], "attention_mask": np.ones((2, 7), np.int64),
+            "position_ids": np.tile(np.arange(4, 7), (2, 1))}
+    feed.update({i.name: v for i, v in zip(sess.get_inputs()[3:], out[1:])})
+    logits = sess.run(["logits"], feed)[0]                                   # [2, 3, vocab]
+    with torch.no_grad():
+        ref = model(input_ids=torch.as_tensor(ids)).logits[:, 4:].numpy()
+    assert logits.shape == (2, 3, 320) and np.abs(logits - ref).max() < 1e-4

@@ -199,3 +199,11 @@ def test_repetition_penalty_sees_the_same_prefix_in_p_and_q():
         q_i = probs(logits[i:i + 1], params, history=[1], drafts=drafts, first=i)[0]
         assert np.allclose(p[i], q_i)
     assert not np.allclose(p[2], probs(logits[2:3], params, history=[1])[0])
+
+
+def test_chunked_prefill_gives_the_same_output(decoders):
+    dec = decoders["agree"]
+    prompt = PROMPTS[5] * 3
+    whole = dec.generate(prompt, max_new_tokens=16, k=4)
+    chunked = dec.generate(prompt, max_new_tokens=16, k=4, prefill_chunk=5)
+    assert len(prompt) > 10 and chunked.token_ids == whole.token_ids

@@ -237,6 +237,53 @@ def save(ckpt: Path, model, opt, state: dict, work: Path) -> None:
     os.replace(tmp, ckpt)
 
 
+def held_out_prompts(work: Path, *, n_function: int = 60, n_edit: int = 24) -> list[dict]:
+    """Prompts from held-out files only: function openings (context + `def ...:` line) and
+    edit-style continuations (context ending at a line boundary inside a function body)."""
+    import re
+    root = Path(json.loads((work / "data.json").read_text())["stdlib"])
+    rng = np.random.default_rng(SEED)
+    funcs, edits = [], []
+    for rel in json.loads((work / "data.json").read_text())["heldout_files"]:
+        text = (root / rel).read_text(encoding="utf-8")
+        for m in re.finditer(r"^([ \t]*)def [^\n]*:\n", text, flags=re.M):
+            start = max(0, text.rfind("\n", 0, max(0, m.start() - 400)) + 1)
+            funcs.append({"prompt": text[start:m.end()] + m.group(1) + "    ", "kind": "function", "file": rel})
+            body_end = text.find("\n\n", m.end())
+            lines = [i for i in range(m.end(), body_end if body_end > 0 else len(text)) if text[i] == "\n"]
+            if len(lines) >= 4:
+                cut = lines[len(lines) // 2] + 1
+                edits.append({"prompt": text[max(0, text.rfind("\n", 0, cut - 600) + 1):cut], "kind": "edit",
+                              "file": rel})
+    pick = lambda xs, n: [xs[i] for i in sorted(rng.choice(len(xs), size=min(n, len(xs)), replace=False))]
+    return pick(funcs, n_function) + pick(edits, n_edit)
+
+
+def package(work: Path, out: Path) -> None:
+    """Write both models as Hugging Face folders (fp16 safetensors) plus tokenizer and prompts."""
+    import shutil
+
+    import torch
+    from transformers import GenerationConfig
+
+    for kind in ("target", "draft"):
+        model = build(kind)
+        saved = torch.load(work / f"{kind}.pt", map_location="cpu", weights_only=False)
+        model.load_state_dict(saved["model"])
+        dst = out / kind
+        model.half().save_pretrained(dst, safe_serialization=True)
+        GenerationConfig(eos_token_id=0, pad_token_id=1, do_sample=False).save_pretrained(dst)
+        shutil.copy2(work / "tokenizer.json", dst / "tokenizer.json")
+        (dst / "tokenizer_config.json").write_text(json.dumps(
+            {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": SPECIALS[0], "pad_token": SPECIALS[1],
+             "model_max_length": 1024}, indent=1))
+        (dst / "training_log.json").write_text(json.dumps(saved["state"]["log"], indent=1))
+    with open(out / "prompts.jsonl", "w") as f:
+        for p in held_out_prompts(work):
+            f.write(json.dumps(p) + "\n")
+    print(f"wrote {out}/target, {out}/draft, {out}/prompts.jsonl")
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("phase", choices=["data", "target", "draft", "cooldown", "package"])
@@ -255,7 +302,7 @@ def main(argv=None) -> None:
     elif args.phase == "cooldown":
         train(args.model, args.work, args)
     else:
-        sys.exit("package: not written yet")
+        package(args.work, args.out)
 
 
 if __name__ == "__main__":
