@@ -95,7 +95,7 @@ def export_one(src: Path, dst: Path, *, role: str, dtype: str, max_context: int 
             shutil.copy2(src / name, dst / name)
     inputs, outputs = io_names(dims["num_layers"])
     return ModelInfo(file=f"{role}/model.onnx", inputs=inputs, outputs=outputs, parity=parity,
-                     export_seconds=round(time.perf_counter() - t0, 2), **dims)
+                     export_seconds=round(time.perf_counter() - t0, 2), source=str(Path(src).resolve()), **dims)
 
 
 @contextlib.contextmanager

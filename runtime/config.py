@@ -39,6 +39,7 @@ class GenerationConfig:
     seed: int | None = 0              # per request: same seed -> same output
     stop: tuple[str, ...] = ()        # stop strings (never emitted, not even in part)
     prefill_chunk: int = 256          # prompt tokens per prefill call: bounds logits to chunk x vocab
+    ignore_eos: bool = False          # benchmarks: always produce max_new_tokens
     sampling: SamplingParams = SamplingParams()
 
     def __post_init__(self):

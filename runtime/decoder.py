@@ -167,6 +167,7 @@ class SpeculativeDecoder:
                 e.run(np.asarray(ids[s:min(s + cfg.prefill_chunk, len(ids) - 1)]))
         stats.seconds_prefill = time.perf_counter() - t0
         tokens, finish = list(ids), None
+        eos = () if cfg.ignore_eos else self.eos
         t0 = time.perf_counter()
         while finish is None:
             budget = cfg.max_new_tokens - stats.new_tokens
@@ -175,7 +176,7 @@ class SpeculativeDecoder:
                 finish = "length"
                 break
             new = self._step(tokens, k, cfg, rng, stats)
-            eos_at = next((i for i, t in enumerate(new) if t in self.eos), None)
+            eos_at = next((i for i, t in enumerate(new) if t in eos), None)
             if eos_at is not None:
                 new, finish = new[:eos_at + 1], "eos"
             tokens += new

@@ -53,6 +53,7 @@ class ModelInfo:
     outputs: list[str]
     parity: dict = field(default_factory=dict)
     export_seconds: float = 0.0
+    source: str = ""          # the Hugging Face folder it was exported from (benchmarks' peers use it)
 
     def __post_init__(self):
         if self.dtype not in DTYPES:

@@ -1,0 +1,166 @@
+"""spec-bench BUNDLE: speculative vs target-only tokens/s, alpha, c, r(K), the Leviathan bound and
+efficiency, for greedy and T = 0.8 -- and, with --peers, onnxruntime-genai and HF transformers on the
+same pair, prompts and token budget, each in its own subprocess (this process never imports torch).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from . import ours
+
+MODES = {"greedy": {"temperature": 0.0}, "sampled": {"temperature": 0.8}}
+PEER_KEYS = {"ortgenai": ("ortgenai_plain", "ortgenai_spec"), "hf": ("hf_plain", "hf_assisted")}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="spec-bench", description=__doc__)
+    ap.add_argument("bundle", type=Path)
+    ap.add_argument("--prompts", type=Path, help="JSONL with a 'prompt' per line (default: the bundle's)")
+    ap.add_argument("--n-prompts", type=int, default=8)
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--ks", default="1,2,3,4,5,6,7,8", help="comma list of K to sweep")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=1, help="intra-op threads for every system (default 1)")
+    ap.add_argument("--quick", action="store_true", help="3 prompts, K in {2,4,6}, 48 tokens, 2 repeats")
+    ap.add_argument("--peers", action="store_true", help="also run onnxruntime-genai and HF transformers")
+    ap.add_argument("--target-hf", type=Path, help="target HF folder for the peers (default: manifest source)")
+    ap.add_argument("--draft-hf", type=Path, help="draft HF folder for the peers (default: manifest source)")
+    ap.add_argument("--json", type=Path, default=Path("bench.json"))
+    ap.add_argument("--plot", type=Path, default=None, help="PNG path (default: next to --json)")
+    return ap
+
+
+def load_prompts(path: Path, n: int) -> list[str]:
+    lines = [json.loads(line)["prompt"] for line in path.read_text().splitlines() if line.strip()]
+    return lines[:n]
+
+
+def run_peer(system: str, *, mode: str, k: int, target: Path, draft: Path, prompts: Path, args) -> dict:
+    """One peer in its own subprocess; a peer that cannot run yields None figures and its error."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "peer.json"
+        cmd = [sys.executable, "-m", "specedge.bench.peers", "--system", system, "--target", str(target),
+               "--draft", str(draft), "--prompts", str(prompts), "--n-prompts", str(args.n_prompts),
+               "--max-new-tokens", str(args.max_new_tokens), "--mode", mode,
+               "--temperature", str(MODES["sampled"]["temperature"]), "--k", str(k),
+               "--threads", str(args.threads), "--repeats", str(max(1, args.repeats - 1)),
+               "--cache", str(Path.home() / ".cache" / "specedge" / "peers"), "--json", str(out)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+        if out.is_file():
+            return json.loads(out.read_text())
+        return {"error": f"{system} exited {proc.returncode}: {proc.stderr.strip()[-300:]}"}
+
+
+def plot(result: dict, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    for ax, mode in zip(axes, MODES):
+        r = result[mode]
+        ks = sorted(int(k) for k in r["per_k"])
+        ax.plot(ks, [r["per_k"][k]["tps"] for k in ks], "o-", label="specedge speculative")
+        ax.plot(ks, [r["per_k"][k]["bound"] * r["plain_tps"] for k in ks], "--", label="Leviathan bound")
+        ax.axhline(r["plain_tps"], color="gray", label="specedge target-only")
+        peers = result.get("peers", {}).get(mode, {})
+        for key, style in (("ortgenai_plain", ":"), ("ortgenai_spec", "-."), ("hf_plain", ":"), ("hf_assisted", "-.")):
+            if peers.get(key):
+                ax.axhline(peers[key], linestyle=style, color="C3" if "ortgenai" in key else "C2", label=key)
+        ax.set_title(f"{mode}: tokens/s vs K")
+        ax.set_xlabel("K (draft tokens per round)")
+        ax.legend(fontsize=7)
+    axes[0].set_ylabel("tokens/s (batch 1)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def table(result: dict) -> str:
+    rows = ["| mode | target-only tok/s | spec tok/s | best K | speedup | alpha | c | bound | efficiency |",
+            "|---|---|---|---|---|---|---|---|---|"]
+    for mode in MODES:
+        r = result[mode]
+        rows.append(f"| {mode} | {r['plain_tps']:.1f} | {r['spec_tps']:.1f} | {r['best_k']} | {r['speedup']:.2f}x | "
+                    f"{r['alpha']:.3f} | {r['c']:.3f} | {r['bound']:.2f}x | {r['efficiency']:.2f} |")
+    peers = result.get("peers")
+    if peers:
+        rows += ["", "| mode | " + " | ".join(k for keys in PEER_KEYS.values() for k in keys) + " |",
+                 "|---|---|---|---|---|"]
+        for mode in MODES:
+            vals = [peers.get(mode, {}).get(k) for keys in PEER_KEYS.values() for k in keys]
+            rows.append(f"| {mode} | " + " | ".join("n/a" if v is None else f"{v:.1f}" for v in vals) + " |")
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.quick:
+        args.n_prompts, args.ks, args.max_new_tokens, args.repeats = 3, "2,4,6", 48, 2
+    from specedge.runtime import BundleError, Manifest, SpeculativeDecoder
+    try:
+        manifest = Manifest.load(args.bundle)
+        if not manifest.has_draft:
+            raise BundleError(f"{args.bundle} has no draft model; export a pair with spec-export")
+        prompts_path = args.prompts or (args.bundle / manifest.prompts if manifest.prompts else None)
+        if prompts_path is None or not prompts_path.is_file():
+            raise BundleError("no prompts: pass --prompts FILE (JSONL with a 'prompt' key per line)")
+        ks = sorted({int(k) for k in args.ks.split(",")})
+        if not ks or min(ks) < 1 or max(ks) > manifest.max_draft_tokens:
+            raise BundleError(f"--ks must lie in 1..{manifest.max_draft_tokens} (the bundle's max draft tokens)")
+    except (BundleError, ValueError) as e:
+        print(f"spec-bench: error: {e}", file=sys.stderr)
+        return 2
+    prompts = load_prompts(prompts_path, args.n_prompts)
+    dec = SpeculativeDecoder.from_bundle(args.bundle, threads=args.threads)
+    t_start = time.perf_counter()
+    plen = int(sum(len(dec.tokenizer.encode(p).ids) for p in prompts) / len(prompts))
+    costs = ours.step_costs(dec, past=plen + args.max_new_tokens // 2, ks=ks)
+    result = {"bundle": str(args.bundle), "prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
+              "threads": args.threads, "repeats": args.repeats, "machine": f"{platform.machine()}, "
+              f"{os.cpu_count()} cores", "step_costs": costs}
+    for mode, sampling in MODES.items():
+        print(f"[ours] {mode}: target-only and K in {ks} over {len(prompts)} prompts x {args.repeats}",
+              file=sys.stderr, flush=True)
+        variants = ours.measure(dec, prompts, ks=ks, sampling=sampling, max_new_tokens=args.max_new_tokens,
+                                repeats=args.repeats)
+        result[mode] = ours.summarize(variants, costs)
+    if args.peers:
+        target = args.target_hf or Path(manifest.models["target"].source)
+        draft = args.draft_hf or Path(manifest.models["draft"].source)
+        result["peers"], result["peers_error"] = {}, {}
+        for mode in MODES:
+            result["peers"][mode] = {}
+            for system, (plain_key, spec_key) in PEER_KEYS.items():
+                print(f"[peer] {system} {mode}", file=sys.stderr, flush=True)
+                r = run_peer(system, mode=mode, k=result[mode]["best_k"], target=target, draft=draft,
+                             prompts=prompts_path, args=args)
+                result["peers"][mode][plain_key] = r.get("plain_tps")
+                result["peers"][mode][spec_key] = r.get("spec_tps")
+                result["peers"][mode][f"{system}_detail"] = r
+                if r.get("error"):
+                    result["peers_error"][f"{system}_{mode}"] = r["error"]
+        # the issue's flat keys: greedy figures at the top of "peers"
+        result["peers"].update({k: v for k, v in result["peers"]["greedy"].items() if not k.endswith("_detail")})
+    result["seconds"] = time.perf_counter() - t_start
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(result, indent=1, default=str))
+    png = args.plot or args.json.with_suffix(".png")
+    try:
+        plot(result, png)
+    except ImportError:
+        png = None
+        print("spec-bench: matplotlib missing (pip install 'specedge[bench]'): no plot", file=sys.stderr)
+    print(table(result))
+    print(f"\nwrote {args.json}" + (f" and {png}" if png else "") + f" in {result['seconds']:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

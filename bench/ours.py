@@ -1,0 +1,107 @@
+"""Our side of spec-bench: target-only vs speculative tokens/s per K, alpha, c, r(K) and the bound.
+
+Hygiene: a warm-up per variant, then repeats in which every prompt runs target-only and each K
+back to back (A B A B: the machine's drift hits all variants alike); medians over repeats, with
+min and max as the noise. Times are end to end per request (prefill included), as the peers'.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+import numpy as np
+
+
+def leviathan_bound(alpha: float, k: int, r: float, c: float) -> float:
+    """Expected speedup of speculative over target-only decoding (Leviathan et al. 2023):
+    tokens per round E = (1 - alpha^(k+1)) / (1 - alpha) over a round's cost r + k c target steps."""
+    tokens = k + 1 if alpha >= 1.0 else (1 - alpha ** (k + 1)) / (1 - alpha)
+    return tokens / (r + k * c)
+
+
+def _timed_call(engine, ids: np.ndarray) -> float:
+    n = engine.length
+    t0 = time.perf_counter()
+    engine.run(ids)
+    dt = time.perf_counter() - t0
+    engine.truncate(n)
+    return dt
+
+
+def step_costs(dec, *, past: int, ks, reps: int = 30) -> dict:
+    """c = draft 1-token step / target 1-token step; r(K) = target (K+1)-token call / 1-token call,
+    measured on the engines themselves at `past` cached tokens, interleaved, medians."""
+    rng = np.random.default_rng(0)
+    ctx = rng.integers(0, dec.vocab_size, size=past)
+    for e in (dec.target, dec.draft):
+        e.truncate(0)
+        e.run(ctx)
+    one = lambda: rng.integers(0, dec.vocab_size, size=1)
+    times = {"draft": [], "target": [], **{k: [] for k in ks}}
+    for _ in range(reps):
+        times["draft"].append(_timed_call(dec.draft, one()))
+        times["target"].append(_timed_call(dec.target, one()))
+        for k in ks:
+            times[k].append(_timed_call(dec.target, rng.integers(0, dec.vocab_size, size=k + 1)))
+    med = {name: statistics.median(v) for name, v in times.items()}
+    return {"c": med["draft"] / med["target"], "r": {k: med[k] / med["target"] for k in ks},
+            "target_step_ms": 1e3 * med["target"], "draft_step_ms": 1e3 * med["draft"]}
+
+
+def measure(dec, prompts: list[str], *, ks, sampling: dict, max_new_tokens: int, repeats: int) -> dict:
+    """Run every prompt target-only and with each K, `repeats` times; return per-variant figures."""
+    variants = [("plain", None)] + [(f"k{k}", k) for k in ks]
+    gen = lambda prompt, k, seed: dec.generate(prompt, max_new_tokens=max_new_tokens, seed=seed,
+                                               speculative=k is not None, k=k or 1, ignore_eos=True, **sampling)
+    for _, k in variants:
+        gen(prompts[0], k, 0)
+    per_rep = {name: [] for name, _ in variants}
+    agg = {name: {"drafted": 0, "accepted": 0, "evaluated": 0, "target_calls": 0, "tokens": 0,
+                  "seconds_draft": 0.0, "seconds_target": 0.0, "seconds": 0.0} for name, _ in variants}
+    for rep in range(repeats):
+        tokens = {name: 0 for name in per_rep}
+        seconds = {name: 0.0 for name in per_rep}
+        for i, prompt in enumerate(prompts):
+            order = variants if (rep + i) % 2 == 0 else variants[::-1]
+            for name, k in order:
+                t0 = time.perf_counter()
+                res = gen(prompt, k, 1000 * rep + i)
+                dt = time.perf_counter() - t0
+                s, a = res.stats, agg[name]
+                tokens[name] += s.new_tokens
+                seconds[name] += dt
+                for key in ("drafted", "accepted", "evaluated", "target_calls", "seconds_draft", "seconds_target"):
+                    a[key] += getattr(s, key)
+                a["tokens"] += s.new_tokens
+                a["seconds"] += dt
+        for name in per_rep:
+            per_rep[name].append(tokens[name] / seconds[name])
+    out = {}
+    for name, k in variants:
+        a, tps = agg[name], per_rep[name]
+        out[name] = {"k": k, "tps": statistics.median(tps), "tps_min": min(tps), "tps_max": max(tps),
+                     "alpha": a["accepted"] / a["evaluated"] if a["evaluated"] else None,
+                     "acceptance_rate": a["accepted"] / a["drafted"] if a["drafted"] else None,
+                     "tokens_per_target_call": a["tokens"] / a["target_calls"],
+                     "host_fraction": max(0.0, 1 - (a["seconds_draft"] + a["seconds_target"]) / a["seconds"]),
+                     "host_ms_per_round": 1e3 * max(0.0, a["seconds"] - a["seconds_draft"] - a["seconds_target"])
+                     / a["target_calls"]}
+    return out
+
+
+def summarize(variants: dict, costs: dict) -> dict:
+    """The issue's keys for one mode: plain/spec tokens/s at the best K, speedup, alpha, bound, efficiency."""
+    plain = variants["plain"]["tps"]
+    per_k = {}
+    for name, v in variants.items():
+        if v["k"] is None:
+            continue
+        k, alpha = v["k"], v["alpha"] or 0.0
+        bound = leviathan_bound(alpha, k, costs["r"][k], costs["c"])
+        speedup = v["tps"] / plain
+        per_k[k] = {**v, "speedup": speedup, "bound": bound, "efficiency": speedup / bound, "r": costs["r"][k]}
+    best = max(per_k, key=lambda k: per_k[k]["tps"])
+    b = per_k[best]
+    return {"plain_tps": plain, "spec_tps": b["tps"], "best_k": best, "speedup": b["speedup"], "alpha": b["alpha"],
+            "bound": b["bound"], "efficiency": b["efficiency"], "c": costs["c"], "per_k": per_k,
+            "plain_tps_min": variants["plain"]["tps_min"], "plain_tps_max": variants["plain"]["tps_max"]}

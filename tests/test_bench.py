@@ -1,0 +1,38 @@
+"""spec-bench on a tiny pair: every figure the issue names is written, and the bound is the formula."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from specedge.bench import ours
+from specedge.bench.cli import main as bench_main
+
+
+def test_leviathan_bound():
+    assert ours.leviathan_bound(0.0, 4, 1.0, 0.0) == pytest.approx(1.0)
+    assert ours.leviathan_bound(1.0, 4, 1.0, 0.0) == pytest.approx(5.0)
+    alpha, k, r, c = 0.8, 4, 1.25, 0.05
+    assert ours.leviathan_bound(alpha, k, r, c) == pytest.approx((1 - alpha ** 5) / (1 - alpha) / (r + k * c))
+
+
+def test_quick_bench_writes_every_figure(pair_bundles, tmp_path, capsys):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ("def f(x):", "import os", "x = [")))
+    out = tmp_path / "bench.json"
+    assert bench_main([str(pair_bundles["agree"]), "--prompts", str(prompts), "--quick", "--json", str(out)]) == 0
+    r = json.loads(out.read_text())
+    for mode in ("greedy", "sampled"):
+        for key in ("plain_tps", "spec_tps", "best_k", "speedup", "alpha", "bound", "efficiency"):
+            assert r[mode][key] is not None, (mode, key)
+        assert r[mode]["best_k"] in (2, 4, 6) and 0 <= r[mode]["alpha"] <= 1
+        assert r[mode]["speedup"] == pytest.approx(r[mode]["spec_tps"] / r[mode]["plain_tps"])
+    assert (tmp_path / "bench.png").stat().st_size > 10_000
+    assert "| greedy |" in capsys.readouterr().out
+
+
+def test_bench_refuses_k_beyond_bundle(pair_bundles, tmp_path, capsys):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "x"}\n')
+    assert bench_main([str(pair_bundles["agree"]), "--prompts", str(prompts), "--ks", "9"]) == 2
+    assert "max draft tokens" in capsys.readouterr().err
