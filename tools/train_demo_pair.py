@@ -127,10 +127,29 @@ def build(kind: str):
     return LlamaForCausalLM(cfg)
 
 
-def batches(data: np.ndarray, *, batch: int, rng: np.random.Generator):
+def stdlib_train_tokens(work: Path) -> np.ndarray:
+    """The stdlib's own (non-held-out) sources alone: half of every batch comes from them, so the
+    held-out stdlib style is not drowned by the larger extra corpus."""
+    path = work / "train_stdlib.bin"
+    if not path.exists():
+        from tokenizers import Tokenizer
+        tok = Tokenizer.from_file(str(work / "tokenizer.json"))
+        root = Path(sysconfig.get_paths()["stdlib"])
+        texts = [p.read_text(encoding="utf-8") for p in stdlib_files() if not is_held_out(str(p.relative_to(root)))]
+        ids = [t for enc in tok.encode_batch(texts) for t in enc.ids + [tok.token_to_id(SPECIALS[0])]]
+        np.asarray(ids, dtype=np.uint16).tofile(path)
+    return np.fromfile(path, dtype=np.uint16)
+
+
+def batches(sources: list[np.ndarray], *, batch: int, rng: np.random.Generator):
+    """Random windows, an equal share of the batch from each source."""
     import torch
-    starts = rng.integers(0, len(data) - CONTEXT - 1, size=batch)
-    x = np.stack([data[s:s + CONTEXT + 1] for s in starts]).astype(np.int64)
+    rows = []
+    for i in range(batch):
+        data = sources[i % len(sources)]
+        s = int(rng.integers(0, len(data) - CONTEXT - 1))
+        rows.append(data[s:s + CONTEXT + 1])
+    x = np.stack(rows).astype(np.int64)
     return torch.from_numpy(x[:, :-1]), torch.from_numpy(x[:, 1:])
 
 
@@ -189,7 +208,7 @@ def train(kind: str, work: Path, args) -> None:
         teacher = build("target").to(dev)
         teacher.load_state_dict(torch.load(work / "target.pt", map_location=dev, weights_only=False)["model"])
         teacher.eval().requires_grad_(False)
-    data = np.fromfile(work / "train.bin", dtype=np.uint16)
+    data = [stdlib_train_tokens(work), np.fromfile(work / "train.bin", dtype=np.uint16)]
     rng = np.random.default_rng([SEED, state["step"], kind == "draft"])
     t_end = time.time() + 60 * args.minutes
     t_save = time.time()
