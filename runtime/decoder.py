@@ -10,7 +10,7 @@ import numpy as np
 
 from .config import ConfigError, GenerationConfig
 from .manifest import BundleError, Manifest
-from .sampling import accept, probs, sample
+from .sampling import accept, accept_greedy, greedy_tokens, probs, sample
 from .text import TextStream
 
 
@@ -199,25 +199,28 @@ class SpeculativeDecoder:
               stats: Stats) -> list[int]:
         """One round: draft k tokens, verify them in ONE target call over k+1 positions, accept,
         and roll both caches back to the committed prefix. Returns the newly committed tokens."""
-        n, params = len(tokens), cfg.sampling
+        n, params, greedy = len(tokens), cfg.sampling, cfg.sampling.greedy
         drafts: list[int] = []
-        q = np.empty((k, self.vocab_size))                              # [k, vocab]
-        if k:
+        q = np.empty((0 if greedy else k, self.vocab_size))              # [k, vocab]
+        feed = tokens[self.draft.length:] if k else []   # 1 token; 2 when the draft missed the last bonus
+        for i in range(k):
             t0 = time.perf_counter()
-            feed = tokens[self.draft.length:]    # 1 token; 2 when the draft never saw the last bonus
-            for i in range(k):
-                logits = self.draft.run(np.asarray(feed))[-1:]             # [1, vocab]
+            logits = self.draft.run(np.asarray(feed))[-1:]                 # [1, vocab]
+            stats.seconds_draft += time.perf_counter() - t0
+            if greedy:       # point masses: the token is the argmax, q is never materialised
+                drafts.append(int(greedy_tokens(logits, params, history=tokens, drafts=drafts, first=i)[0]))
+            else:
                 q[i] = probs(logits, params, history=tokens, drafts=drafts, first=i)[0]
                 drafts.append(sample(q[i], rng))
-                feed = drafts[-1:]
-            stats.draft_calls += k
-            stats.seconds_draft += time.perf_counter() - t0
+            feed = drafts[-1:]
         t0 = time.perf_counter()
         logits = self.target.run(np.asarray([tokens[-1]] + drafts))        # [k+1, vocab]
         stats.seconds_target += time.perf_counter() - t0
-        stats.target_calls += 1
-        p = probs(logits, params, history=tokens, drafts=drafts)           # [k+1, vocab]
-        new, n_accepted = accept(drafts, q, p, rng)
+        if greedy:
+            new, n_accepted = accept_greedy(drafts, greedy_tokens(logits, params, history=tokens, drafts=drafts))
+        else:
+            p = probs(logits, params, history=tokens, drafts=drafts)       # [k+1, vocab]
+            new, n_accepted = accept(drafts, q, p, rng)
         self.target.truncate(n + n_accepted)     # committed prefix; the last new token is not fed yet
         if k:
             self.draft.truncate(min(self.draft.length, n + n_accepted))
@@ -225,5 +228,7 @@ class SpeculativeDecoder:
             stats.accepted += n_accepted
             stats.evaluated += n_accepted + (n_accepted < k)
             stats.accepted_hist[n_accepted] += 1
+        stats.draft_calls += k
+        stats.target_calls += 1
         stats.rounds += 1
         return new

@@ -15,19 +15,32 @@ def _penalize(logits: np.ndarray, seen: np.ndarray, penalty: float) -> None:
     logits[seen] = np.where(vals > 0, vals / penalty, vals * penalty)
 
 
-def probs(logits: np.ndarray, params: SamplingParams, *, history=None, drafts=(), first: int = 0) -> np.ndarray:
-    """Warp logits [n, vocab] into probabilities [n, vocab] float64.
+def penalized(logits: np.ndarray, params: SamplingParams, *, history=None, drafts=(), first: int = 0) -> np.ndarray:
+    """A float64 copy of logits [n, vocab] with the repetition penalty applied.
 
-    Row i is the distribution after `history` + drafts[:first + i] (what that position of a verify
-    pass sees), so the draft's q and the target's p are warped from the same prefix.
+    Row i sees `history` + drafts[:first + i] (what that position of a verify pass sees), so the
+    draft's q and the target's p are warped from the same prefix.
     """
     x = np.array(logits, dtype=np.float64)                       # [n, vocab], a private copy
-    n, vocab = x.shape
     if params.repetition_penalty != 1.0 and history is not None:
         seen = np.unique(np.asarray(history, dtype=np.int64))
-        for i in range(n):
+        for i in range(x.shape[0]):
             _penalize(x[i], np.union1d(seen, np.asarray(drafts[:first + i], dtype=np.int64)),
                       params.repetition_penalty)
+    return x
+
+
+def greedy_tokens(logits: np.ndarray, params: SamplingParams, **prefix) -> np.ndarray:
+    """The argmax tokens [n] of the penalized logits: what probs() puts its point masses on."""
+    if params.repetition_penalty == 1.0:
+        return np.asarray(logits).argmax(axis=1)
+    return penalized(logits, params, **prefix).argmax(axis=1)
+
+
+def probs(logits: np.ndarray, params: SamplingParams, **prefix) -> np.ndarray:
+    """Warp logits [n, vocab] into probabilities [n, vocab] float64 (prefix: see penalized())."""
+    x = penalized(logits, params, **prefix)
+    n, vocab = x.shape
     if params.greedy:
         out = np.zeros_like(x)
         out[np.arange(n), x.argmax(axis=1)] = 1.0
@@ -71,3 +84,12 @@ def accept(draft_tokens, q: np.ndarray, p: np.ndarray, rng: np.random.Generator)
         dist = residual if residual.sum() > 1e-12 else p[i]
         return [int(t) for t in draft_tokens[:i]] + [sample(dist, rng)], i
     return [int(t) for t in draft_tokens] + [sample(p[len(draft_tokens)], rng)], len(draft_tokens)
+
+
+def accept_greedy(draft_tokens, target_tokens) -> tuple[list[int], int]:
+    """accept() for point masses (temperature 0), without building them: keep drafts while they
+    equal the target's argmax target_tokens [k+1]; then the target's token (recovered or bonus)."""
+    n = 0
+    while n < len(draft_tokens) and draft_tokens[n] == target_tokens[n]:
+        n += 1
+    return [int(t) for t in draft_tokens[:n]] + [int(target_tokens[n])], n
