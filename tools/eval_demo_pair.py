@@ -1,0 +1,648 @@
+"""Measure the demo pair's quality bars (issue 4) with specedge's own runtime on ONNX fp32, and write
+every figure as JSON plus the model card (markdown beside the weights).
+
+    python tools/eval_demo_pair.py [--models models] [--bundle bundles/demo] [--work ~/.cache/specedge/demo]
+                                   [--json models/eval.json] [--card models/MODEL_CARD.md]
+                                   [--windows 64] [--prompts N] [--max-new-tokens 64]
+    python tools/eval_demo_pair.py --from-json models/eval.json --card models/MODEL_CARD.md   # card only
+
+Steps:
+1. export the pair (--models/target, --models/draft, --models/prompts.jsonl) into --bundle, fp32, K <= 8,
+   context 1024 -- or reuse the bundle when its manifest names the same sources and is newer than them;
+2. held-out next-token loss (nats/token), top-1 accuracy and bits per byte of BOTH graphs, run by
+   OrtEngine over fixed non-overlapping 256-token windows of heldout.bin (the windows of
+   train_demo_pair.evaluate; bytes per token from data.json);
+3. on the held-out prompts: alpha / acceptance rate / tokens per target call at K=4 greedy and at
+   temperature 0.8 (seeded), the target's greedy continuations' distinct-token ratio (the "not loops"
+   bar), whether speculative greedy reproduces target-only greedy, c and r(4) (bench.ours.step_costs),
+   and the speculative / target-only tokens/s ratio at K=4 greedy (interleaved, median over prompts);
+4. pass/fail for each of the issue's bars, in the JSON and the card.
+
+Everything runs with ONE thread (ONNX Runtime intra-op, BLAS, torch for the export).
+"""
+from __future__ import annotations
+
+import os
+
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+import argparse  # noqa: E402
+import importlib.util  # noqa: E402
+import json  # noqa: E402
+import math  # noqa: E402
+import platform  # noqa: E402
+import shlex  # noqa: E402
+import statistics  # noqa: E402
+import struct  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+CONTEXT = 256            # the training context; windows are CONTEXT + 1 tokens
+K = 4
+TEMPERATURE = 0.8
+THREADS = 1
+
+# The issue's quality bars: (key, figure, comparison, threshold, text).
+BARS = [
+    ("target_top1", "target held-out top-1 accuracy", ">=", 0.45),
+    ("target_distinct", "target 64-token greedy continuations: distinct-token ratio", ">=", 0.40),
+    ("bpb_target_below_draft", "target held-out bits/byte < draft's", "<", None),
+    ("alpha_greedy_k4", "alpha, K=4, greedy", ">=", 0.80),
+    ("alpha_t08_k4", "alpha, K=4, temperature 0.8", ">=", 0.75),
+    ("c", "c = draft / target 1-token step (onnxruntime, 1 thread)", "<=", 0.10),
+]
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def train_module():
+    """tools/train_demo_pair.py as a module (its top level needs only numpy): recipe constants."""
+    spec = importlib.util.spec_from_file_location("train_demo_pair", ROOT / "tools" / "train_demo_pair.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+# -- 1. the bundle -----------------------------------------------------------------------------------
+def newest_mtime(*paths: Path) -> float:
+    times = []
+    for p in paths:
+        if p.is_dir():
+            times += [f.stat().st_mtime for f in p.iterdir() if f.is_file()]
+        elif p.is_file():
+            times.append(p.stat().st_mtime)
+    return max(times, default=0.0)
+
+
+def bundle_is_current(bundle: Path, target: Path, draft: Path, prompts: Path) -> tuple[bool, str]:
+    from specedge.runtime import BundleError, Manifest
+    try:
+        m = Manifest.load(bundle)
+    except BundleError as e:
+        return False, str(e)
+    want = {"target": str(target.resolve()), "draft": str(draft.resolve())}
+    got = {role: info.source for role, info in m.models.items()}
+    if got != want:
+        return False, f"manifest sources {got} are not {want}"
+    if any(info.dtype != "float32" for info in m.models.values()):
+        return False, "the bundle is not fp32"
+    if m.max_draft_tokens < K or m.max_context != 1024 or not m.prompts:
+        return False, "the bundle was exported with other settings (K, max context or prompts)"
+    if (bundle / "manifest.json").stat().st_mtime <= newest_mtime(target, draft, prompts):
+        return False, "the models or prompts are newer than the bundle"
+    return True, "manifest sources match and the bundle is newer than the models"
+
+
+def ensure_bundle(bundle: Path, target: Path, draft: Path, prompts: Path) -> dict:
+    ok, why = bundle_is_current(bundle, target, draft, prompts)
+    if ok:
+        log(f"reusing bundle {bundle} ({why})")
+        return {"path": str(bundle), "reused": True, "reason": why, "export_seconds": 0.0}
+    log(f"exporting the pair into {bundle} ({why})")
+    import torch
+    torch.set_num_threads(THREADS)
+    from specedge.export import export_bundle
+    t0 = time.perf_counter()
+    export_bundle(target=target, draft=draft, out=bundle, k=8, max_context=1024, prompts=prompts, overwrite=True)
+    seconds = time.perf_counter() - t0
+    if bundle.resolve() == (ROOT / "bundles" / "demo").resolve():
+        try:   # let tools/demo.py reuse this bundle too (same sources, same export settings)
+            spec = importlib.util.spec_from_file_location("specedge_demo", ROOT / "tools" / "demo.py")
+            demo = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(demo)
+            (bundle / "source-key.txt").write_text(demo.source_key(target, draft))
+        except Exception as e:  # noqa: BLE001 -- only a cache hint for another tool
+            log(f"note: no source-key.txt for tools/demo.py ({e})")
+    return {"path": str(bundle), "reused": False, "reason": why, "export_seconds": round(seconds, 1)}
+
+
+# -- 2. held-out loss / top-1 / bits per byte ----------------------------------------------------------
+def window_starts(n_tokens: int, windows: int) -> list[int]:
+    """train_demo_pair.evaluate's windows: fixed, non-overlapping, spread over the held-out tokens."""
+    step = max(CONTEXT + 1, (n_tokens - CONTEXT - 1) // windows)
+    return list(range(0, n_tokens - CONTEXT - 1, step))[:windows]
+
+
+def heldout_eval(engine, data: np.ndarray, starts: list[int], bytes_per_token: float) -> dict:
+    nll, correct, count = 0.0, 0, 0
+    t0 = time.perf_counter()
+    for s in starts:
+        window = data[s:s + CONTEXT + 1].astype(np.int64)
+        engine.truncate(0)
+        logits = engine.run(window[:-1]).astype(np.float64)           # [CONTEXT, vocab]
+        truth = window[1:]
+        m = logits.max(-1)
+        logz = m + np.log(np.exp(logits - m[:, None]).sum(-1))
+        nll += float((logz - logits[np.arange(len(truth)), truth]).sum())
+        correct += int((logits.argmax(-1) == truth).sum())
+        count += len(truth)
+    engine.truncate(0)
+    loss = nll / count
+    return {"loss": loss, "top1": correct / count, "bits_per_byte": loss / math.log(2) / bytes_per_token,
+            "perplexity": math.exp(loss), "tokens": count, "windows": len(starts),
+            "seconds": round(time.perf_counter() - t0, 2)}
+
+
+# -- 3. generation on the held-out prompts --------------------------------------------------------------
+def load_prompts(path: Path, n: int | None) -> list[dict]:
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    if n and n < len(rows):       # evenly spaced, so both kinds (functions first, then edits) are in
+        rows = [rows[i] for i in sorted({round(x) for x in np.linspace(0, len(rows) - 1, n)})]
+    return rows
+
+
+def distinct_ratio(ids: list[int]) -> float:
+    return len(set(ids)) / len(ids) if ids else 0.0
+
+
+def pooled(runs: list[dict], key: str) -> dict:
+    """alpha etc. pooled over prompts (sums of counts), as spec-bench does."""
+    s = {f: sum(r[key][f] for r in runs) for f in ("accepted", "evaluated", "drafted", "new_tokens",
+                                                   "target_calls", "rounds")}
+    hist = np.sum([r[key]["accepted_hist"] for r in runs], axis=0).tolist()
+    return {"alpha": s["accepted"] / s["evaluated"] if s["evaluated"] else None,
+            "acceptance_rate": s["accepted"] / s["drafted"] if s["drafted"] else None,
+            "tokens_per_target_call": s["new_tokens"] / s["target_calls"] if s["target_calls"] else None,
+            "alpha_mean_over_prompts": statistics.fmean(r[key]["alpha"] for r in runs),
+            "accepted_hist": hist, **s}
+
+
+def stat_fields(stats) -> dict:
+    return {"alpha": stats.alpha, "acceptance_rate": stats.acceptance_rate,
+            "tokens_per_target_call": stats.tokens_per_target_call, "accepted": stats.accepted,
+            "evaluated": stats.evaluated, "drafted": stats.drafted, "new_tokens": stats.new_tokens,
+            "target_calls": stats.target_calls, "rounds": stats.rounds, "accepted_hist": list(stats.accepted_hist),
+            "decode_tokens_per_second": stats.tokens_per_second}
+
+
+def generation_eval(dec, prompts: list[dict], *, max_new_tokens: int) -> dict:
+    common = dict(max_new_tokens=max_new_tokens, ignore_eos=True)
+    warm = prompts[0]["prompt"]
+    for spec in (False, True):                 # first calls pay one-time allocation costs
+        dec.generate(warm, max_new_tokens=8, k=K, speculative=spec, temperature=0.0, ignore_eos=True)
+    runs = []
+    t_start = time.perf_counter()
+    for i, p in enumerate(prompts):
+        timed = {}
+        order = (False, True) if i % 2 == 0 else (True, False)      # interleaved: A B, B A, ...
+        for spec in order:
+            t0 = time.perf_counter()
+            res = dec.generate(p["prompt"], k=K, speculative=spec, temperature=0.0, seed=i, **common)
+            timed[spec] = (res, time.perf_counter() - t0)
+        (plain, t_plain), (greedy, t_spec) = timed[False], timed[True]
+        sampled = dec.generate(p["prompt"], k=K, temperature=TEMPERATURE, seed=i, **common)
+        runs.append({
+            "index": i, "kind": p.get("kind", "?"), "file": p.get("file"),
+            "prompt_tokens": plain.stats.prompt_tokens,
+            "distinct": distinct_ratio(plain.token_ids),
+            "greedy_identical": greedy.token_ids == plain.token_ids,
+            "greedy": stat_fields(greedy.stats), "t08": stat_fields(sampled.stats),
+            "speedup_e2e": (len(greedy.token_ids) / t_spec) / (len(plain.token_ids) / t_plain),
+            "speedup_decode": (greedy.stats.tokens_per_second / plain.stats.tokens_per_second
+                               if plain.stats.tokens_per_second else None),
+            "plain_tokens_per_second_e2e": len(plain.token_ids) / t_plain,
+            "spec_tokens_per_second_e2e": len(greedy.token_ids) / t_spec,
+            "continuation": plain.text,
+        })
+        if (i + 1) % 10 == 0 or i + 1 == len(prompts):
+            log(f"  prompts {i + 1}/{len(prompts)}  ({time.perf_counter() - t_start:.0f} s)")
+
+    def summary(rs: list[dict]) -> dict:
+        e2e = [r["speedup_e2e"] for r in rs]
+        dec_ = [r["speedup_decode"] for r in rs if r["speedup_decode"]]
+        return {"prompts": len(rs), "distinct": statistics.fmean(r["distinct"] for r in rs),
+                "distinct_min": min(r["distinct"] for r in rs),
+                "greedy_identical_fraction": statistics.fmean(r["greedy_identical"] for r in rs),
+                "greedy_k4": pooled(rs, "greedy"), "t08_k4": pooled(rs, "t08"),
+                "speedup_k4_greedy_e2e_median": statistics.median(e2e),
+                "speedup_k4_greedy_e2e_min": min(e2e), "speedup_k4_greedy_e2e_max": max(e2e),
+                "speedup_k4_greedy_decode_median": statistics.median(dec_) if dec_ else None,
+                "plain_tokens_per_second_e2e_median": statistics.median(
+                    r["plain_tokens_per_second_e2e"] for r in rs),
+                "spec_tokens_per_second_e2e_median": statistics.median(
+                    r["spec_tokens_per_second_e2e"] for r in rs)}
+
+    kinds = sorted({r["kind"] for r in runs})
+    return {"all": summary(runs), "by_kind": {k: summary([r for r in runs if r["kind"] == k]) for k in kinds},
+            "per_prompt": runs, "seconds": round(time.perf_counter() - t_start, 1)}
+
+
+# -- model facts ----------------------------------------------------------------------------------------
+def safetensors_params(folder: Path) -> int:
+    """Parameters stored in the folder's safetensors (tied embeddings counted once), from the headers."""
+    total = 0
+    for f in sorted(folder.glob("*.safetensors")):
+        with open(f, "rb") as fh:
+            (n,) = struct.unpack("<Q", fh.read(8))
+            header = json.loads(fh.read(n))
+        for name, info in header.items():
+            if name != "__metadata__":
+                total += math.prod(info["shape"])
+    return total
+
+
+def file_bytes(paths) -> int:
+    return sum(p.stat().st_size for p in paths if p.is_file())
+
+
+def checkpoint_state(work: Path | None, kind: str, last_step: int | None) -> dict | None:
+    """The training state of --work's checkpoint when it is the packaged one (same step): cool-down."""
+    ckpt = work / f"{kind}.pt" if work else None
+    if ckpt is None or not ckpt.is_file():
+        return None
+    try:
+        import torch
+        state = torch.load(ckpt, map_location="cpu", weights_only=False)["state"]
+    except Exception as e:  # noqa: BLE001 -- optional detail for the card
+        log(f"note: cannot read {ckpt} ({e})")
+        return None
+    if state.get("step") != last_step:
+        log(f"note: {ckpt} is at step {state.get('step')}, the packaged {kind} at {last_step}; "
+            f"its cool-down is not reported")
+        return None
+    return {"step": state["step"], "tokens": state["tokens"], "cooldown": state.get("cooldown")}
+
+
+def model_facts(folder: Path, bundle: Path, role: str, work: Path | None) -> dict:
+    cfg = json.loads((folder / "config.json").read_text())
+    params = safetensors_params(folder)
+    tlog_path = folder / "training_log.json"
+    tlog = json.loads(tlog_path.read_text()) if tlog_path.is_file() else []
+    last = tlog[-1] if tlog else {}
+    onnx_dir = bundle / role
+    return {
+        "folder": str(folder),
+        "architecture": cfg.get("architectures", [cfg.get("model_type")])[0],
+        "config": {**{k: cfg.get(k) for k in ("num_hidden_layers", "hidden_size", "intermediate_size",
+                                             "num_attention_heads", "num_key_value_heads", "vocab_size",
+                                             "max_position_embeddings", "tie_word_embeddings", "hidden_act",
+                                             "rms_norm_eps")},
+                   "rope_theta": cfg.get("rope_theta", (cfg.get("rope_parameters") or {}).get("rope_theta"))},
+        "parameters": params,
+        "fp32_bytes": 4 * params,
+        "safetensors_fp16_bytes": file_bytes(folder.glob("*.safetensors")),
+        "onnx_fp32_bytes": file_bytes(onnx_dir.glob("model.onnx*")),
+        "training": {"steps": last.get("step"), "tokens": last.get("tokens"), "log_entries": len(tlog),
+                     "checkpoint": checkpoint_state(work, role, last.get("step"))},
+    }
+
+
+def heldout_overlap(data: dict, *, threshold: float = 0.5) -> dict:
+    """Held-out files with a near-copy in the training corpus (vendored copies in site-packages, ...):
+    the share of a held-out file's non-blank lines found in a same-named training file."""
+    tm = train_module()
+    root = Path(data["stdlib"])
+    by_name: dict[str, list[Path]] = {}
+    for p in tm.extra_files():
+        by_name.setdefault(p.name, []).append(p)
+    lines = lambda text: [x.strip() for x in text.splitlines() if x.strip()]
+    found, total_bytes = [], 0
+    for rel in data.get("heldout_files", []):
+        try:
+            text = (root / rel).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            continue
+        total_bytes += len(text.encode())
+        mine, best = lines(text), (0.0, None)
+        for cand in by_name.get(Path(rel).name, []):
+            try:
+                theirs = set(lines(cand.read_text(encoding="utf-8")))
+            except (OSError, UnicodeDecodeError):
+                continue
+            best = max(best, (sum(x in theirs for x in mine) / max(1, len(mine)), str(cand)))
+        if best[0] >= threshold:
+            found.append({"file": rel, "training_copy": best[1], "lines_shared": round(best[0], 3),
+                          "bytes": len(text.encode())})
+    return {"threshold": threshold, "files": found,
+            "bytes_fraction": sum(f["bytes"] for f in found) / total_bytes if total_bytes else 0.0}
+
+
+def bar_results(fig: dict) -> dict:
+    values = {"target_top1": fig["heldout"]["target"]["top1"],
+              "target_distinct": fig["generation"]["all"]["distinct"],
+              "bpb_target_below_draft": (fig["heldout"]["target"]["bits_per_byte"],
+                                         fig["heldout"]["draft"]["bits_per_byte"]),
+              "alpha_greedy_k4": fig["generation"]["all"]["greedy_k4"]["alpha"],
+              "alpha_t08_k4": fig["generation"]["all"]["t08_k4"]["alpha"],
+              "c": fig["step_costs"]["c"]}
+    out = {}
+    for key, text, op, threshold in BARS:
+        v = values[key]
+        if key == "bpb_target_below_draft":
+            passed = v[0] < v[1]
+            out[key] = {"text": text, "target": v[0], "draft": v[1], "pass": passed}
+            continue
+        passed = v is not None and (v >= threshold if op == ">=" else v <= threshold)
+        out[key] = {"text": text, "value": v, "op": op, "threshold": threshold, "pass": passed}
+    return out
+
+
+def git_head() -> str | None:
+    try:
+        out = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+                             text=True, timeout=10)
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+# -- the card -----------------------------------------------------------------------------------------------
+def _mb(n: int) -> str:
+    return f"{n / 1e6:.1f} MB"
+
+
+def _m(n: int) -> str:
+    return f"{n / 1e6:.2f} M"
+
+
+def overlap_line(fig: dict) -> str:
+    ov = fig.get("heldout_overlap")
+    if ov is None:
+        return "- Overlap of held-out files with the training corpus: not measured."
+    if not ov["files"]:
+        return (f"- No held-out file has a same-named training file sharing >= {100 * ov['threshold']:.0f} % "
+                "of its lines.")
+    items = "; ".join(f"`{f['file']}` ({100 * f['lines_shared']:.0f} % of its lines in "
+                      f"`{Path(f['training_copy']).name}` under `{Path(f['training_copy']).parent.name}/`)"
+                      for f in ov["files"])
+    return (f"- **Near-copies in training**: {len(ov['files'])} held-out files share >= "
+            f"{100 * ov['threshold']:.0f} % of their lines with a same-named training file: {items}; "
+            f"{100 * ov['bytes_fraction']:.1f} % of the held-out bytes.")
+
+
+def card(fig: dict) -> str:
+    """The model card (markdown) from the figures this script wrote; nothing else is measured here."""
+    tm = train_module()
+    data, models, ho, gen = fig["data"], fig["models"], fig["heldout"], fig["generation"]
+    g, sc = gen["all"], fig["step_costs"]
+    lines = ["# specedge demo pair: model card", "",
+             "A small Llama target and a smaller Llama draft trained from scratch on Python source code on a "
+             "CPU, for speculative code completion (the README's main command, `spec-bench`, `spec-check`). "
+             "Both are standard Hugging Face folders (`LlamaForCausalLM`, fp16 safetensors, byte-level BPE "
+             "tokenizer) that `spec-export` exports like any downloaded model.", ""]
+
+    lines += ["## Data", "",
+              f"- **Sources** (this machine's Python, `{data.get('stdlib')}`): the standard library's `.py` "
+              "files outside `test/`, `tests/`, `idle_test/`, `site-packages/`; for training only, also the "
+              "standard library's tests (`test/`, `idlelib/idle_test/`) and the `.py` sources of the installed "
+              f"packages {', '.join(f'`{p}`' for p in tm.EXTRA_PACKAGES)}.",
+              f"- **Held-out split by file**: a stdlib (non-test) file is held out when sha256(its path under "
+              f"`Lib/`) mod 100 < {tm.HELD_OUT_PERCENT}. Held out: {data['files_heldout']} files, "
+              f"{data['bytes_heldout']:,} bytes, {data['tokens_heldout']:,} tokens "
+              f"({data['bytes_heldout'] / data['tokens_heldout']:.3f} bytes/token). The held-out files are not "
+              "in the training data, and the extra (test / package) code is never held out.",
+              overlap_line(fig),
+              f"- **Training**: {data['files_train']:,} files, {data['bytes_train']:,} bytes, "
+              f"{data['tokens_train']:,} tokens; half of every batch comes from the stdlib's own non-held-out "
+              "sources, half from the whole training corpus.",
+              f"- **Tokenizer**: byte-level BPE (`tokenizers`), vocab {tm.VOCAB}, trained on the stdlib training "
+              f"files; special tokens {', '.join(f'`{s}`' for s in tm.SPECIALS)} (end-of-text also separates files).",
+              f"- **Prompts** (`prompts.jsonl`, from held-out files only): "
+              + ", ".join(f"{n} {k}" for k, n in fig["prompt_counts"].items())
+              + " (function openings: context + a `def` line; edits: context cut at a line inside a function body).",
+              "", "<details><summary>Held-out files</summary>", "",
+              ", ".join(f"`{f}`" for f in data.get("heldout_files", [])), "", "</details>", ""]
+
+    lines += ["## Models and recipe", "",
+              "| | target | draft |", "|---|---|---|"]
+    t, d = models["target"], models["draft"]
+    rows = [("layers", "num_hidden_layers"), ("hidden", "hidden_size"), ("MLP", "intermediate_size"),
+            ("attention heads", "num_attention_heads"), ("KV heads (GQA)", "num_key_value_heads"),
+            ("vocab", "vocab_size"), ("max positions", "max_position_embeddings"),
+            ("tied embeddings", "tie_word_embeddings"), ("RoPE theta", "rope_theta")]
+    for label, key in rows:
+        lines.append(f"| {label} | {t['config'][key]} | {d['config'][key]} |")
+    lines += [f"| parameters | {_m(t['parameters'])} | {_m(d['parameters'])} |",
+              f"| fp32 weights | {_mb(t['fp32_bytes'])} | {_mb(d['fp32_bytes'])} |",
+              f"| fp16 safetensors (shipped) | {_mb(t['safetensors_fp16_bytes'])} | "
+              f"{_mb(d['safetensors_fp16_bytes'])} |",
+              f"| ONNX fp32 graph (exported) | {_mb(t['onnx_fp32_bytes'])} | {_mb(d['onnx_fp32_bytes'])} |",
+              f"| training steps | {t['training']['steps']} | {d['training']['steps']} |",
+              f"| training tokens | {_m(t['training']['tokens'] or 0)} | {_m(d['training']['tokens'] or 0)} |"]
+    cds = []
+    for role in ("target", "draft"):
+        ck = models[role]["training"]["checkpoint"]
+        if ck and ck.get("cooldown"):
+            start, length = ck["cooldown"]
+            cds.append(f"{role}: from step {start} over {length} steps")
+        elif ck:
+            cds.append(f"{role}: none")
+        else:
+            cds.append(f"{role}: not recorded in the packaged `training_log.json`")
+    lines += ["", "Steps and tokens are the last entry of each folder's `training_log.json` (the checkpoint's "
+              "training state at packaging).", "",
+              f"- **Objective**: next-token cross-entropy, context {tm.CONTEXT}, batch 8 x {tm.CONTEXT} tokens, "
+              f"seed {tm.SEED}. The draft is trained from scratch on the same batches with "
+              "0.3 x cross-entropy + 0.7 x KL(target || draft) to the frozen target's distribution (distillation).",
+              "- **Optimizer**: AdamW, betas (0.9, 0.95), weight decay 0.1, gradient clipping 1.0; "
+              "peak LR 2e-3 (target) / 3e-3 (draft).",
+              "- **Schedule**: warm-up / stable / decay: linear warm-up over 200 steps, then constant LR for an "
+              "open-ended, resumable budget; a `cooldown` phase decays the LR linearly to 0. "
+              f"Cool-down: {'; '.join(cds)}.", ""]
+
+    lines += ["## Reproduce", "", "```sh",
+              ". .venv/bin/activate            # dev venv with torch + transformers (tools/dev.py)",
+              "python tools/train_demo_pair.py data"]
+    for role in ("target", "draft"):
+        m = models[role]
+        ck = m["training"]["checkpoint"]
+        steps = m["training"]["steps"]
+        if ck and ck.get("cooldown"):
+            start, length = ck["cooldown"]
+            lines += [f"python tools/train_demo_pair.py {role} --minutes M --threads 1   "
+                      f"# resumable; repeat until step {start}",
+                      f"python tools/train_demo_pair.py cooldown --model {role} --steps {length}"]
+        else:
+            lines.append(f"python tools/train_demo_pair.py {role} --minutes M --threads 1   "
+                         f"# resumable; the packaged {role} stopped at step {steps}")
+    lines += ["python tools/train_demo_pair.py package --out models/",
+              fig["command"], "```", "",
+              "The target must be final before the draft phase (the draft distils from `target.pt`). Phases are "
+              "time-budgeted (`--minutes`) and resume from checkpoints under `~/.cache/specedge/demo`; on a CUDA "
+              "machine the same recipe runs on the GPU.", ""]
+
+    b = fig["bars"]
+    mark = lambda ok: "**pass**" if ok else "**FAIL**"
+    lines += ["## Measured figures", "",
+              f"Measured by `{fig['command']}` with specedge's own runtime on the ONNX fp32 bundle "
+              f"(`{fig['bundle']['path']}`), onnxruntime {fig['env']['onnxruntime']}, {THREADS} thread, "
+              f"{fig['env']['machine']}, {fig['env']['date']}, commit {fig['env']['git_head']}; "
+              f"{fig['seconds_total']:.0f} s in all (1-minute load average {fig['env'].get('loadavg_1min_start')} "
+              f"at the start: other jobs shared the machine).", "",
+              "### Quality bars (issue 4)", "", "| bar | measured | required | |", "|---|---|---|---|",
+              f"| target held-out top-1 accuracy | {b['target_top1']['value']:.3f} | >= 0.45 | "
+              f"{mark(b['target_top1']['pass'])} |",
+              f"| target greedy continuations, distinct tokens (mean over prompts) | "
+              f"{b['target_distinct']['value']:.3f} | >= 0.40 | {mark(b['target_distinct']['pass'])} |",
+              f"| held-out bits/byte, target vs draft | {b['bpb_target_below_draft']['target']:.3f} vs "
+              f"{b['bpb_target_below_draft']['draft']:.3f} | target lower | "
+              f"{mark(b['bpb_target_below_draft']['pass'])} |",
+              f"| alpha, K=4, greedy | {b['alpha_greedy_k4']['value']:.3f} | >= 0.80 | "
+              f"{mark(b['alpha_greedy_k4']['pass'])} |",
+              f"| alpha, K=4, temperature {TEMPERATURE} | {b['alpha_t08_k4']['value']:.3f} | >= 0.75 | "
+              f"{mark(b['alpha_t08_k4']['pass'])} |",
+              f"| c (draft / target 1-token step) | {b['c']['value']:.3f} | <= 0.10 | {mark(b['c']['pass'])} |", ""]
+
+    lines += ["### Held-out next-token prediction (ONNX fp32)", "",
+              f"{ho['windows']} fixed non-overlapping windows of {CONTEXT + 1} tokens of the held-out files "
+              f"({ho['target']['tokens']:,} predicted tokens); bits/byte = loss / ln 2 / "
+              f"{ho['bytes_per_token']:.3f} bytes per token.", "",
+              "| | loss (nats/token) | perplexity | top-1 accuracy | bits/byte |", "|---|---|---|---|---|"]
+    for role in ("target", "draft"):
+        h = ho[role]
+        lines.append(f"| {role} | {h['loss']:.3f} | {h['perplexity']:.1f} | {h['top1']:.3f} | "
+                     f"{h['bits_per_byte']:.3f} |")
+    lines += ["", "### Speculative decoding on the held-out prompts", "",
+              f"{g['prompts']} prompts, {fig['settings']['max_new_tokens']} new tokens each (EOS ignored), K={K}; "
+              f"alpha = accepted / evaluated and acceptance rate = accepted / drafted, pooled over prompts; "
+              f"temperature {TEMPERATURE} runs are seeded (seed = prompt index).", "",
+              "| prompts | alpha greedy | alpha T=0.8 | acceptance rate greedy | acceptance rate T=0.8 | "
+              "tokens / target call greedy | tokens / target call T=0.8 | distinct (target greedy) |",
+              "|---|---|---|---|---|---|---|---|"]
+    for name, s in [("all", g)] + sorted(gen["by_kind"].items()):
+        gk, tk = s["greedy_k4"], s["t08_k4"]
+        lines.append(f"| {name} ({s['prompts']}) | {gk['alpha']:.3f} | {tk['alpha']:.3f} | "
+                     f"{gk['acceptance_rate']:.3f} | {tk['acceptance_rate']:.3f} | "
+                     f"{gk['tokens_per_target_call']:.2f} | {tk['tokens_per_target_call']:.2f} | "
+                     f"{s['distinct']:.3f} |")
+    lines += ["", f"- Accepted drafts per round, greedy (0..{K}): {g['greedy_k4']['accepted_hist']}; "
+              f"T={TEMPERATURE}: {g['t08_k4']['accepted_hist']}.",
+              f"- Speculative greedy output identical to target-only greedy on "
+              f"{100 * g['greedy_identical_fraction']:.0f} % of the prompts.",
+              f"- Step costs (onnxruntime, {THREADS} thread, {sc['past']} cached tokens, medians of {sc.get('reps', 30)} interleaved "
+              f"calls): target 1-token step {sc['target_step_ms']:.2f} ms, draft {sc['draft_step_ms']:.2f} ms, "
+              f"c = {sc['c']:.3f}; r(4) = target 5-token call / 1-token call = {sc['r']['4']:.2f}.",
+              f"- Speculative / target-only tokens/s at K=4 greedy (end to end per request, prefill included, the "
+              f"two runs of each prompt back to back in alternating order): median {g['speedup_k4_greedy_e2e_median']:.2f}x "
+              f"over prompts (min {g['speedup_k4_greedy_e2e_min']:.2f}x, max {g['speedup_k4_greedy_e2e_max']:.2f}x); "
+              f"target-only median {g['plain_tokens_per_second_e2e_median']:.0f} tokens/s. "
+              "Wall-clock figures depend on the machine's load; `spec-bench` measures speed with repeats.", ""]
+    return "\n".join(lines)
+
+
+# -- main -------------------------------------------------------------------------------------------------
+def measure(args) -> dict:
+    t_start = time.perf_counter()
+    load_start = os.getloadavg()[0]
+    models = args.models
+    target, draft, prompts_path = models / "target", models / "draft", models / "prompts.jsonl"
+    for p in (target / "config.json", draft / "config.json", prompts_path):
+        if not p.is_file():
+            sys.exit(f"eval_demo_pair: {p} does not exist; package the pair first "
+                     f"(python tools/train_demo_pair.py package --out {models})")
+    data_json = args.work / "data.json"
+    heldout_bin = args.work / "heldout.bin"
+    for p in (data_json, heldout_bin):
+        if not p.is_file():
+            sys.exit(f"eval_demo_pair: {p} does not exist; run `python tools/train_demo_pair.py data` "
+                     f"(--work {args.work})")
+    bundle_info = ensure_bundle(args.bundle, target, draft, prompts_path)
+
+    import onnxruntime
+
+    from specedge.bench.ours import step_costs
+    from specedge.runtime import SpeculativeDecoder, __version__
+
+    dec = SpeculativeDecoder.from_bundle(args.bundle, threads=THREADS)
+    data = json.loads(data_json.read_text())
+    tokens = np.fromfile(heldout_bin, dtype=np.uint16)
+    bpt = data["bytes_heldout"] / data["tokens_heldout"]
+    starts = window_starts(len(tokens), args.windows)
+    log(f"held-out: {len(starts)} windows of {CONTEXT + 1} tokens, both models")
+    heldout = {"windows": len(starts), "context": CONTEXT, "bytes_per_token": bpt, "starts": starts}
+    for role, engine in (("target", dec.target), ("draft", dec.draft)):
+        heldout[role] = heldout_eval(engine, tokens, starts, bpt)
+        log(f"  {role}: " + "  ".join(f"{k} {v:.4f}" for k, v in heldout[role].items()
+                                     if k in ("loss", "top1", "bits_per_byte")))
+
+    all_prompts = load_prompts(prompts_path, None)
+    prompt_counts = {}
+    for p in all_prompts:
+        prompt_counts[p.get("kind", "?")] = prompt_counts.get(p.get("kind", "?"), 0) + 1
+    prompts = load_prompts(prompts_path, args.prompts)
+    log(f"generation: {len(prompts)} prompts x (target-only greedy, K={K} greedy, K={K} T={TEMPERATURE}), "
+        f"{args.max_new_tokens} new tokens")
+    generation = generation_eval(dec, prompts, max_new_tokens=args.max_new_tokens)
+    plen = int(statistics.fmean(r["prompt_tokens"] for r in generation["per_prompt"]))
+    past = plen + args.max_new_tokens // 2
+    log(f"step costs at {past} cached tokens")
+    reps = 200                  # the machine is shared: more repeats than spec-bench's 30 steady c
+    costs = step_costs(dec, past=past, ks=[K], reps=reps)
+    costs = {**costs, "r": {str(k): v for k, v in costs["r"].items()}, "past": past, "reps": reps}
+
+    fig = {
+        "command": "python tools/eval_demo_pair.py " + shlex.join(args.argv),
+        "settings": {"k": K, "temperature": TEMPERATURE, "max_new_tokens": args.max_new_tokens,
+                     "windows": args.windows, "prompts": len(prompts), "threads": THREADS},
+        "env": {"specedge": __version__, "onnxruntime": onnxruntime.__version__, "numpy": np.__version__,
+                "python": platform.python_version(), "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+                "date": time.strftime("%Y-%m-%d %H:%M %Z"), "git_head": git_head(),
+                "loadavg_1min_start": round(load_start, 2), "loadavg_1min_end": round(os.getloadavg()[0], 2)},
+        "bundle": bundle_info,
+        "data": {k: data[k] for k in ("files_train", "files_heldout", "bytes_train", "bytes_heldout",
+                                      "tokens_train", "tokens_heldout", "stdlib", "heldout_files") if k in data},
+        "heldout_overlap": heldout_overlap(data),
+        "prompt_counts": prompt_counts,
+        "models": {role: model_facts(models / role, args.bundle, role, args.work) for role in ("target", "draft")},
+        "heldout": heldout,
+        "generation": generation,
+        "step_costs": costs,
+    }
+    fig["bars"] = bar_results(fig)
+    fig["all_bars_pass"] = all(b["pass"] for b in fig["bars"].values())
+    fig["requirements"] = {
+        "target_params_ge_10M": fig["models"]["target"]["parameters"] >= 10_000_000,
+        "prompts_function_ge_50": prompt_counts.get("function", 0) >= 50,
+        "prompts_edit_ge_20": prompt_counts.get("edit", 0) >= 20,
+    }
+    fig["seconds_total"] = round(time.perf_counter() - t_start, 1)
+    return fig
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", type=Path, default=ROOT / "models",
+                    help="folder with target/, draft/ and prompts.jsonl (default: models)")
+    ap.add_argument("--bundle", type=Path, default=ROOT / "bundles" / "demo",
+                    help="bundle folder to export into or reuse (default: bundles/demo)")
+    ap.add_argument("--work", type=Path, default=Path.home() / ".cache" / "specedge" / "demo",
+                    help="train_demo_pair.py's work folder: heldout.bin, data.json (and checkpoints)")
+    ap.add_argument("--json", type=Path, default=ROOT / "models" / "eval.json")
+    ap.add_argument("--card", type=Path, default=ROOT / "models" / "MODEL_CARD.md")
+    ap.add_argument("--windows", type=int, default=64, help="held-out windows of 257 tokens (default 64)")
+    ap.add_argument("--prompts", type=int, default=None, help="use N prompts, evenly spaced (default: all)")
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--from-json", type=Path, default=None,
+                    help="write only the card, from figures a previous run saved")
+    args = ap.parse_args(argv)
+    args.argv = argv
+    if args.from_json:
+        fig = json.loads(args.from_json.read_text())
+    else:
+        if args.windows < 1 or (args.prompts is not None and args.prompts < 1) or args.max_new_tokens < K + 1:
+            ap.error("--windows and --prompts must be >= 1 and --max-new-tokens > 4")
+        fig = measure(args)
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(fig, indent=1) + "\n")
+        log(f"wrote {args.json}")
+    args.card.parent.mkdir(parents=True, exist_ok=True)
+    args.card.write_text(card(fig))
+    log(f"wrote {args.card}")
+    for key, b in fig["bars"].items():
+        shown = f"{b['value']:.3f}" if "value" in b else f"{b['target']:.3f} vs {b['draft']:.3f}"
+        print(f"{'pass' if b['pass'] else 'FAIL'}  {b['text']}: {shown}")
+    print(f"total {fig['seconds_total']:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
