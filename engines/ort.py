@@ -15,6 +15,8 @@ PROVIDER_ALIASES = {
     "trt": "TensorrtExecutionProvider",
 }
 _NP_DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
+_ONNX_ELEM = {np.float32: 1, np.float16: 10}
+_DEVICE_PROVIDERS = {"CUDAExecutionProvider": "cuda", "TensorrtExecutionProvider": "cuda"}
 
 
 def import_onnxruntime():
@@ -48,22 +50,29 @@ class OrtEngine:
 
     The cache is the graph's own `present` outputs, fed back as the next `past`: the graph
     concatenates internally, so keeping them costs nothing extra. Rollback only moves `length`;
-    the next run feeds a view truncated to it (copied once to make it contiguous).
+    the next run feeds the cache truncated to it (one contiguous copy of the kept prefix).
+
+    Two ways to keep the presents (tools/bench_engine.py measures them):
+    * CPU (default there): as the numpy arrays `session.run` returns. Those already wrap ORT's
+      output buffers and numpy inputs are wrapped too, so nothing is copied except on rollback;
+      IOBinding measured slower on CPU (up to 11 % on the demo target, 5-28 % on its draft:
+      more Python calls per run, the same copies).
+    * CUDA / TensorRT (default there, `io_binding=True` forces it): IOBinding with the presents
+      bound to the session's device and fed back as OrtValues, so the cache never leaves the GPU;
+      only the logits come to the host. A rollback slices the cache on the device with a tiny
+      Slice graph run by the same provider.
     """
 
     def __init__(self, path: str | Path, *, vocab_size: int | None = None, max_context: int = 1 << 30,
-                 providers: list[str] | None = None, threads: int = 0, optimize: bool = True):
+                 providers: list[str] | None = None, threads: int = 0, optimize: bool = True,
+                 io_binding: bool | None = None):
         ort = import_onnxruntime()
         path = Path(path)
         if not path.is_file():
             raise EngineError(f"ONNX graph {path} does not exist; re-export the bundle with spec-export")
-        so = ort.SessionOptions()
-        so.intra_op_num_threads = threads
-        so.inter_op_num_threads = 1
-        so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        so = _session_options(ort, threads)
         so.graph_optimization_level = (ort.GraphOptimizationLevel.ORT_ENABLE_ALL if optimize
                                        else ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
-        so.log_severity_level = 3
         try:
             self.session = ort.InferenceSession(str(path), so, providers=resolve_providers(providers))
         except Exception as e:  # onnxruntime raises its own classes (InvalidProtobuf, Fail, ...)
@@ -94,6 +103,12 @@ class OrtEngine:
         self.max_context = int(max_context)
         self.providers = self.session.get_providers()
         self._ones = np.ones((1, 256), dtype=np.int64)
+        self.device = _kv_device(self.session)              # where the cache lives: ("cuda", 0), ...
+        self.io_binding = self.device[0] != "cpu" if io_binding is None else bool(io_binding)
+        if self.io_binding:
+            self._ort, self._io = ort, self.session.io_binding()
+            self._slicer = _PrefixSlicer(ort, self.device, len(self.past_names),
+                                         self.num_kv_heads, self.head_dim, self.dtype, threads)
         self.reset()
 
     @property
@@ -102,6 +117,8 @@ class OrtEngine:
 
     def reset(self) -> None:
         empty = np.zeros((1, self.num_kv_heads, 0, self.head_dim), dtype=self.dtype)
+        if self.io_binding:       # a CPU OrtValue even for a GPU session: ORT moves the 0 bytes
+            empty = self._empty = self._ort.OrtValue.ortvalue_from_numpy(empty)
         self._cache = [empty] * len(self.past_names)
         self._len = 0
 
@@ -118,15 +135,123 @@ class OrtEngine:
             raise EngineError(f"context of {total} tokens exceeds the bundle's max context {self.max_context}")
         if self._ones.shape[1] < total:
             self._ones = np.ones((1, 2 * total), dtype=np.int64)
-        cache = self._cache
-        if cache[0].shape[2] != past:    # rolled back: feed the kept prefix
-            cache = [np.ascontiguousarray(a[:, :, :past]) for a in cache]
-        feed = dict(zip(self.past_names, cache))
-        feed["input_ids"] = ids
-        feed["attention_mask"] = self._ones[:, :total]
-        if self.has_position_ids:
-            feed["position_ids"] = np.arange(past, total, dtype=np.int64)[None]
-        out = self.session.run(self.output_names, feed)
-        self._cache = out[1:]            # [1, kv_heads, total, head_dim] each
+        mask = self._ones[:, :total]
+        pos = np.arange(past, total, dtype=np.int64)[None] if self.has_position_ids else None
+        if self.io_binding:
+            logits = self._run_bound(ids, mask, pos, past)
+        else:
+            cache = self._cache
+            if cache[0].shape[2] != past:    # rolled back: feed the kept prefix
+                cache = [np.ascontiguousarray(a[:, :, :past]) for a in cache]
+            feed = dict(zip(self.past_names, cache))
+            feed["input_ids"] = ids
+            feed["attention_mask"] = mask
+            if pos is not None:
+                feed["position_ids"] = pos
+            out = self.session.run(self.output_names, feed)
+            self._cache = out[1:]            # [1, kv_heads, total, head_dim] each
+            logits = out[0]
         self._len = total
-        return out[0][0, :, :self.vocab_size]                        # [n, vocab]
+        return logits[0, :, :self.vocab_size]                        # [n, vocab]
+
+    def _run_bound(self, ids, mask, pos, past: int) -> np.ndarray:
+        """IOBinding run: pasts bound as OrtValues, presents allocated on the cache's device."""
+        cache = self._cache
+        if cache[0].shape()[2] != past:      # rolled back: slice the kept prefix where it lives
+            cache = self._slicer(cache, past) if past else [self._empty] * len(cache)
+        io, (device, device_id) = self._io, self.device
+        io.bind_cpu_input("input_ids", ids)  # ids, mask, pos stay referenced until the run ends
+        io.bind_cpu_input("attention_mask", mask)
+        if pos is not None:
+            io.bind_cpu_input("position_ids", pos)
+        for name, value in zip(self.past_names, cache):
+            io.bind_ortvalue_input(name, value)
+        io.bind_output("logits", "cpu")     # the logits go to the host anyway
+        for name in self.output_names[1:]:  # re-bound every run: the shapes change
+            io.bind_output(name, device, device_id)
+        self.session.run_with_iobinding(io)
+        out = io.get_outputs()
+        self._cache = out[1:]
+        return out[0].numpy()
+
+
+def _session_options(ort, threads: int):
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.inter_op_num_threads = 1
+    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    so.log_severity_level = 3
+    return so
+
+
+def _kv_device(session) -> tuple[str, int]:
+    """The device the session's outputs are produced on: ("cuda", id) for CUDA/TensorRT, else CPU."""
+    first = session.get_providers()[0]
+    if first in _DEVICE_PROVIDERS:
+        opts = session.get_provider_options().get(first, {})
+        return _DEVICE_PROVIDERS[first], int(opts.get("device_id", 0) or 0)
+    return "cpu", 0
+
+
+class _PrefixSlicer:
+    """Cuts every cache tensor [1, heads, T, dim] to [1, heads, n, dim] where it lives.
+
+    A graph of one Slice per tensor, built here without the onnx package and run on the cache's
+    device (by the CUDA provider for a CUDA or TensorRT session) through IOBinding, so rolling
+    back a GPU cache is one device-side copy of the kept prefix, with no host round trip.
+    """
+
+    def __init__(self, ort, device: tuple[str, int], count: int, heads: int, dim: int, dtype,
+                 threads: int):
+        providers = ["CPUExecutionProvider"]
+        if device[0] == "cuda":
+            providers.insert(0, ("CUDAExecutionProvider", {"device_id": str(device[1])}))
+        self.session = ort.InferenceSession(_slice_model(count, heads, dim, _ONNX_ELEM[dtype]),
+                                            _session_options(ort, threads), providers=providers)
+        self.io, self.device = self.session.io_binding(), device
+
+    def __call__(self, values: list, n: int) -> list:
+        io = self.io
+        end = np.array([n], dtype=np.int64)
+        io.bind_cpu_input("n", end)
+        for i, v in enumerate(values):
+            io.bind_ortvalue_input(f"x{i}", v)
+            io.bind_output(f"y{i}", *self.device)
+        self.session.run_with_iobinding(io)
+        return io.get_outputs()
+
+
+def _pb_varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, n = n & 0x7F, n >> 7
+        out.append(byte | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def _pb(field: int, value) -> bytes:
+    """One protobuf field: an int as a varint, a str/bytes (or an encoded message) length-delimited."""
+    if isinstance(value, int):
+        return _pb_varint(field << 3) + _pb_varint(value)
+    value = value.encode() if isinstance(value, str) else value
+    return _pb_varint(field << 3 | 2) + _pb_varint(len(value)) + value
+
+
+def _slice_model(count: int, heads: int, dim: int, elem: int) -> bytes:
+    """ModelProto bytes: y_i = Slice(x_i, starts=[0], ends=n, axes=[2]) for i < count (opset 13)."""
+    def tensor_info(name, elem_type, dims):
+        shape = b"".join(_pb(1, _pb(2, d) if isinstance(d, str) else _pb(1, d)) for d in dims)
+        return _pb(1, name) + _pb(2, _pb(1, _pb(1, elem_type) + _pb(2, shape)))
+
+    def int64_const(name, value):
+        return _pb(1, 1) + _pb(2, 7) + _pb(8, name) + _pb(9, np.array([value], np.int64).tobytes())
+
+    graph = b"".join(_pb(1, _pb(1, f"x{i}") + _pb(1, "zero") + _pb(1, "n") + _pb(1, "axis")
+                         + _pb(2, f"y{i}") + _pb(3, f"slice{i}") + _pb(4, "Slice")) for i in range(count))
+    graph += _pb(2, "kv_prefix")
+    graph += _pb(5, int64_const("zero", 0)) + _pb(5, int64_const("axis", 2))
+    graph += b"".join(_pb(11, tensor_info(f"x{i}", elem, [1, heads, "total", dim])) for i in range(count))
+    graph += _pb(11, tensor_info("n", 7, [1]))
+    graph += b"".join(_pb(12, tensor_info(f"y{i}", elem, [1, heads, "kept", dim])) for i in range(count))
+    return _pb(1, 8) + _pb(2, "specedge") + _pb(7, graph) + _pb(8, _pb(2, 13))

@@ -207,3 +207,17 @@ def test_chunked_prefill_gives_the_same_output(decoders):
     whole = dec.generate(prompt, max_new_tokens=16, k=4)
     chunked = dec.generate(prompt, max_new_tokens=16, k=4, prefill_chunk=5)
     assert len(prompt) > 10 and chunked.token_ids == whole.token_ids
+
+
+def test_io_binding_path_matches_numpy_path(pair_bundles):
+    """The IOBinding cache (default on CUDA / TensorRT), forced on CPU: same logits through a rollback."""
+    path = pair_bundles["disagree"] / "target" / "model.onnx"
+    plain, bound = OrtEngine(path, vocab_size=320), OrtEngine(path, vocab_size=320, io_binding=True)
+    assert bound.io_binding and not plain.io_binding
+    for step in ([1, 2, 3, 4, 5], [6, 7, 8], "truncate", [9], [10, 11]):
+        if step == "truncate":
+            plain.truncate(6)
+            bound.truncate(6)
+            continue
+        assert np.array_equal(plain.run(np.asarray(step)), bound.run(np.asarray(step)))
+    assert plain.length == bound.length == 9

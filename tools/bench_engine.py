@@ -1,20 +1,29 @@
-"""Benchmark KV-cache handling options of the ONNX Runtime engine (engines/ort.py), CPU.
+"""Benchmark KV-cache handling options of the ONNX Runtime engine (engines/ort.py), on CPU.
 
-Builds random-weight copies of the demo pair (target 12.6 M params, draft) once, exports them into a
-cache folder outside the repository, then times every engine variant on the same calls, interleaved
-(each repetition runs every variant once, in a shuffled order) so that background load hits all of
-them alike. Reported: the median time per case, and the median of the per-repetition ratios to the
-baseline (the original numpy-feed engine).
+Builds random-weight copies of the demo pair (target 12.6 M params, draft 2 layers) once, exports
+them into a cache folder outside the repository (~/.cache/specedge/bench-engine, or
+$SPECEDGE_BENCH_CACHE / --cache), then times every engine variant on the same calls, interleaved:
+each repetition runs every variant once, in a shuffled order, so background load hits all alike.
+Engines are loaded in a shuffled order too (--seed), and the original engine is loaded twice
+("a numpy (orig) #2"): the gap between two identical instances is the noise floor to beat.
 
-Cases, as the runtime issues them (run, then truncate = rollback):
+Each call is timed by wall clock and by the calling thread's CPU time (one intra-op thread: ORT
+computes on the calling thread, so CPU time leaves out preemption by other jobs on the cores).
+Reported per case: median ms, ratio of medians to "a numpy (orig)", median of the per-repetition
+ratios ("paired"), and the share of repetitions in which the variant beat it ("won").
+
+Cases, as the runtime issues them (run, then truncate = rollback); each timed call follows an
+untimed call on the same engine, as in the runtime's back-to-back calls:
   decode@P        1 token at past P after a rollback to P (the cache must be re-packed)
-  decode@P/fresh  1 token at past P right after the previous call (no rollback in between)
-  verify k@256    k+1 tokens at past 256 after a rollback to 256
-  round           a fixed, seeded sequence of speculative rounds: draft 4 single-token calls,
-                  target one 5-token call, both truncated by a random acceptance (whole sequence)
+  decode@P/fresh  1 token at past P right after a call that ended at P (no rollback)
+  verifyK@256     K+1 tokens at past 256 after a rollback to 256
+  round x24       a fixed, seeded sequence of 24 speculative rounds on a (target, draft) pair of
+                  the variant: draft 4 single-token calls, target one 5-token call, both truncated
+                  to a random acceptance (whole sequence timed)
 
-    python tools/bench_engine.py                      # full run, ~10 min on one busy core
-    python tools/bench_engine.py --reps 15 --quick    # smoke run
+    python tools/bench_engine.py                          # ~3 min on one busy core
+    python tools/bench_engine.py --quick --reps 5         # smoke run
+    python tools/bench_engine.py --variants "#2,iobind"   # baseline + the named variants only
 """
 from __future__ import annotations
 
@@ -82,10 +91,10 @@ def session_options(ort, *, level="all", mem_pattern=True, arena=True, spinning=
     return so
 
 
-def load(cls, path: Path, **opts):
-    """An engine of class `cls` (an OrtEngine subclass) whose session uses the given options."""
+def load(cls, path: Path, kwargs=None, opts=None):
+    """An engine of class `cls` (OrtEngine or a subclass), its session re-made with `opts`."""
     import onnxruntime as ort
-    e = cls(path, threads=1)
+    e = cls(path, threads=1, **(kwargs or {}))
     if opts:
         e.session = ort.InferenceSession(str(path), session_options(ort, **opts),
                                          providers=["CPUExecutionProvider"])
@@ -203,17 +212,18 @@ def variants():
             self._len = total
             return out[0].numpy()[0, :, :self.vocab_size]
 
-    table = {
-        "a numpy (orig)": (NumpyFeed, {}),
-        "OrtEngine (file)": (OrtEngine, {}),
-        "b iobind": (Binding, {}),
-        "b' iobind+view": (BindingView, {}),
-        "c run_ortvalues": (RunOrtValues, {}),
-        "c numpy ext-opt": (NumpyFeed, {"level": "extended"}),
-        "c numpy no-mempat": (NumpyFeed, {"mem_pattern": False}),
-        "c numpy no-arena": (NumpyFeed, {"arena": False}),
-        "c numpy spin=0": (NumpyFeed, {"spinning": "0"}),
-        "c iobind ext-opt": (BindingView, {"level": "extended"}),
+    table = {                                       # name: (class, constructor kwargs, session options)
+        "a numpy (orig)": (NumpyFeed, {}, {}),
+        "a numpy (orig) #2": (NumpyFeed, {}, {}),   # a second instance: the noise floor
+        "OrtEngine (file)": (OrtEngine, {}, {}),
+        "OrtEngine io_binding (file)": (OrtEngine, {"io_binding": True}, {}),
+        "b iobind": (Binding, {}, {}),
+        "b' iobind+view": (BindingView, {}, {}),
+        "c run_ortvalues": (RunOrtValues, {}, {}),
+        "c numpy ext-opt": (NumpyFeed, {}, {"level": "extended"}),
+        "c numpy no-mempat": (NumpyFeed, {}, {"mem_pattern": False}),
+        "c numpy no-arena": (NumpyFeed, {}, {"arena": False}),
+        "c numpy spin=0": (NumpyFeed, {}, {"spinning": "0"}),
     }
     return table
 
@@ -240,31 +250,33 @@ def prefill(e, n: int, rng) -> None:
 
 
 def case_decode(past: int, fresh: bool):
+    """1 token at `past`. Each timed call follows an untimed call on the same engine (so caches are
+    as warm as in the runtime's back-to-back calls); `fresh`: that call ended exactly at `past`
+    (its presents are fed as they are), else it ended at past+1 and was rolled back to `past`."""
     def setup(e, rng):
         prefill(e, past + 1, rng)
 
     def timed(e, rng):
-        tok = rng.integers(2, e.vocab_size, size=1)
-        if fresh:                    # previous call ends at `past`: no rollback before the timed one
-            e.truncate(past - 1)
-            e.run(tok)
-        else:                        # rolled back from past+1: the re-pack is paid inside run()
-            e.truncate(past)
+        e.truncate(past - 1)
+        e.run(rng.integers(2, e.vocab_size, size=1 if fresh else 2))
+        e.truncate(past)
         with clock() as t:
-            e.run(tok)
+            e.run(rng.integers(2, e.vocab_size, size=1))
         return t
     return setup, timed
 
 
 def case_verify(k: int, past: int = 256):
+    """k+1 tokens at `past` after a rollback (the verify call after a partly rejected round)."""
     def setup(e, rng):
         prefill(e, past + k + 1, rng)
 
     def timed(e, rng):
-        ids = rng.integers(2, e.vocab_size, size=k + 1)
+        e.truncate(past - 1)
+        e.run(rng.integers(2, e.vocab_size, size=2))
         e.truncate(past)
         with clock() as t:
-            e.run(ids)
+            e.run(rng.integers(2, e.vocab_size, size=k + 1))
         return t
     return setup, timed
 
@@ -351,10 +363,11 @@ def check_identical(engines_by_variant, rng) -> dict:
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--reps", type=int, default=40, help="interleaved repetitions per case")
-    ap.add_argument("--round-reps", type=int, default=12, help="repetitions of the round sequence")
+    ap.add_argument("--reps", type=int, default=200, help="interleaved repetitions per case")
+    ap.add_argument("--round-reps", type=int, default=40, help="repetitions of the round sequence")
     ap.add_argument("--variants", default="", help="comma-separated substrings selecting variants")
     ap.add_argument("--quick", action="store_true", help="fewer cases (decode@64, verify 4, rounds)")
+    ap.add_argument("--seed", type=int, default=0, help="seeds the load order and the interleaving")
     ap.add_argument("--json", default="/tmp/bench_engine.json")
     ap.add_argument("--cache", default=str(CACHE))
     args = ap.parse_args(argv)
@@ -366,15 +379,21 @@ def main(argv=None):
         keep = [s.strip() for s in args.variants.split(",")]
         table = {k: v for k, v in table.items() if k == "a numpy (orig)" or any(s in k for s in keep)}
     base = "a numpy (orig)"
-    rng = np.random.default_rng(0)
-    random.seed(0)
-    engines = {role: {n: load(cls, path / role / "model.onnx", **opts) for n, (cls, opts) in table.items()}
-               for role in ("target", "draft")}
+    rng = np.random.default_rng(args.seed)
+    random.seed(args.seed)
+    order = [(role, n) for role in ("target", "draft") for n in table]
+    random.Random(args.seed).shuffle(order)         # load order affects speed a little: vary it
+    engines = {"target": {}, "draft": {}}
+    for role, n in order:
+        cls, kwargs, opts = table[n]
+        engines[role][n] = load(cls, path / role / "model.onnx", kwargs, opts)
+    engines = {role: {n: engines[role][n] for n in table} for role in engines}
     e0 = engines["target"][base]
     print(f"onnxruntime {ort.__version__}, 1 intra-op thread; target {e0.num_layers} layers x "
           f"{e0.num_kv_heads} kv heads x {e0.head_dim}; draft {engines['draft'][base].num_layers} layers x "
           f"{engines['draft'][base].num_kv_heads} kv heads x {engines['draft'][base].head_dim}")
-    result = {"onnxruntime": ort.__version__, "bundle": str(path), "reps": args.reps, "cases": {},
+    result = {"onnxruntime": ort.__version__, "bundle": str(path), "reps": args.reps,
+              "round_reps": args.round_reps, "seed": args.seed, "load_order": order, "cases": {},
               "max_abs_diff_vs_base": {}}
     for role in ("target", "draft"):
         result["max_abs_diff_vs_base"][role] = check_identical(engines[role], rng)

@@ -86,19 +86,30 @@ def phase_data(work: Path) -> None:
         (held_txt if is_held_out(rel) else train_txt).append(text)
         if is_held_out(rel):
             held_files.append(rel)
-    tok = Tokenizer(models.BPE(unk_token=None, byte_fallback=False))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=SPECIALS, min_frequency=2,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(train_txt, trainer=trainer)
-    extra = []
+    if (work / "tokenizer.json").is_file():     # a checkpoint may already depend on it
+        tok = Tokenizer.from_file(str(work / "tokenizer.json"))
+    else:
+        tok = Tokenizer(models.BPE(unk_token=None, byte_fallback=False))
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=SPECIALS, min_frequency=2,
+                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+        tok.train_from_iterator(train_txt, trainer=trainer)
+    # vendored copies of stdlib modules (setuptools/_distutils, importlib_metadata) would leak held-out code
+    held_lines = {ln.strip() for t in held_txt for ln in t.splitlines() if len(ln.strip()) > 20}
+    extra, skipped = [], 0
     for p in extra_files():
         try:
-            extra.append(p.read_text(encoding="utf-8"))
+            text = p.read_text(encoding="utf-8")
         except (UnicodeDecodeError, OSError):
             continue
-    print(f"stdlib train {len(train_txt)} files, held out {len(held_txt)}, extra {len(extra)} files")
+        lines = [ln.strip() for ln in text.splitlines() if len(ln.strip()) > 20]
+        if lines and sum(ln in held_lines for ln in lines) > 0.3 * len(lines):
+            skipped += 1
+            continue
+        extra.append(text)
+    print(f"stdlib train {len(train_txt)} files, held out {len(held_txt)}, extra {len(extra)} files "
+          f"({skipped} near-copies of held-out files skipped)")
     train_txt += extra
     work.mkdir(parents=True, exist_ok=True)
     tok.save(str(work / "tokenizer.json"))
@@ -209,7 +220,6 @@ def train(kind: str, work: Path, args) -> None:
         teacher.load_state_dict(torch.load(work / "target.pt", map_location=dev, weights_only=False)["model"])
         teacher.eval().requires_grad_(False)
     data = [stdlib_train_tokens(work), np.fromfile(work / "train.bin", dtype=np.uint16)]
-    rng = np.random.default_rng([SEED, state["step"], kind == "draft"])
     t_end = time.time() + 60 * args.minutes
     t_save = time.time()
     t0 = time.time()
@@ -220,6 +230,9 @@ def train(kind: str, work: Path, args) -> None:
         lr = lr_at(state["step"], base=base_lr, warmup=200, cooldown=cd)
         for g in opt.param_groups:
             g["lr"] = lr
+        # batches depend on the step alone: a run resumed anywhere sees the same data as one that never stopped
+        t_step = time.time()
+        rng = np.random.default_rng([SEED, state["step"], kind == "draft"])
         x, y = batches(data, batch=args.batch, rng=rng)
         x, y = x.to(dev), y.to(dev)
         logits = model(input_ids=x).logits.float()
@@ -236,6 +249,7 @@ def train(kind: str, work: Path, args) -> None:
         opt.step()
         state["step"] += 1
         state["tokens"] += x.numel()
+        state["seconds"] += time.time() - t_step
         if state["step"] % 50 == 0:
             el = time.time() - t0
             print(f"{kind} step {state['step']} loss {loss.item():.3f} lr {lr:.2e} "
