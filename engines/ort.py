@@ -76,8 +76,10 @@ class OrtEngine:
         try:
             self.session = ort.InferenceSession(str(path), so, providers=resolve_providers(providers))
         except Exception as e:  # onnxruntime raises its own classes (InvalidProtobuf, Fail, ...)
-            raise EngineError(f"ONNX Runtime cannot load {path}: {str(e).strip()[:300]} -- the file is "
-                              f"corrupt or not a specedge graph; re-export the bundle with spec-export") from e
+            raise EngineError(f"ONNX Runtime {ort.__version__} cannot load {path}: {str(e).strip()[:300]} -- "
+                              f"the file is corrupt, not a specedge graph, or of a newer opset than this "
+                              f"onnxruntime supports; re-export the bundle with spec-export (--opset 20 for "
+                              f"older onnxruntime builds)") from e
         inputs = {i.name: i for i in self.session.get_inputs()}
         outputs = [o.name for o in self.session.get_outputs()]
         layers = sorted(int(n.split(".")[1]) for n in inputs if n.startswith("past_key_values.")

@@ -74,7 +74,7 @@ def generation_defaults(folder: Path) -> tuple[list[int], dict]:
 
 
 def export_one(src: Path, dst: Path, *, role: str, dtype: str, max_context: int | None, k: int,
-               allow_pickle: bool, quiet: bool = False) -> ModelInfo:
+               allow_pickle: bool, opset: int, quiet: bool = False) -> ModelInfo:
     from .graph import export_onnx
     from .parity import measure
 
@@ -83,7 +83,7 @@ def export_one(src: Path, dst: Path, *, role: str, dtype: str, max_context: int 
     with phase(f"[{role}] load {src}", quiet):
         model, dims = load_model(src, dtype=dtype, max_context=max_context, allow_pickle=allow_pickle)
     with phase(f"[{role}] export ONNX", quiet):
-        export_onnx(model, dims, dst / "model.onnx")
+        export_onnx(model, dims, dst / "model.onnx", opset=opset)
     with phase(f"[{role}] parity ONNX Runtime vs PyTorch", quiet):
         parity = measure(model, dst / "model.onnx", vocab_size=dims["vocab_size"], k=k)
     if not quiet:
@@ -95,7 +95,8 @@ def export_one(src: Path, dst: Path, *, role: str, dtype: str, max_context: int 
             shutil.copy2(src / name, dst / name)
     inputs, outputs = io_names(dims["num_layers"])
     return ModelInfo(file=f"{role}/model.onnx", inputs=inputs, outputs=outputs, parity=parity,
-                     export_seconds=round(time.perf_counter() - t0, 2), source=str(Path(src).resolve()), **dims)
+                     export_seconds=round(time.perf_counter() - t0, 2), source=str(Path(src).resolve()),
+                     opset=opset, **dims)
 
 
 @contextlib.contextmanager
@@ -134,12 +135,17 @@ def _check_prompts(path: Path) -> None:
 
 def export_bundle(*, target: Path, draft: Path | None, out: Path, dtype: str = "fp32", k: int = 8,
                   max_context: int | None = None, prompts: Path | None = None, overwrite: bool = False,
-                  allow_pickle: bool = False, quiet: bool = False) -> Manifest:
+                  allow_pickle: bool = False, opset: int | None = None, quiet: bool = False) -> Manifest:
     """Export `target` (and `draft`, when given) into the bundle folder `out`."""
     from specedge.runtime import __version__
 
+    from .graph import DEFAULT_OPSET, OPSETS
+
     if k < 1:
         raise ExportError(f"--max-draft-tokens must be >= 1, got {k}")
+    opset = opset or DEFAULT_OPSET
+    if opset not in OPSETS:
+        raise ExportError(f"--opset {opset} is not supported; use one of {', '.join(map(str, OPSETS))}")
     sources = {"target": Path(target)} | ({"draft": Path(draft)} if draft else {})
     for src in sources.values():       # fail fast, before any heavy work
         arch_of(src)
@@ -153,7 +159,7 @@ def export_bundle(*, target: Path, draft: Path | None, out: Path, dtype: str = "
         raise ExportError(f"{out} already exists; pass --overwrite to replace it")
     with staged(Path(out), overwrite=overwrite) as tmp:
         models = {role: export_one(src, tmp / role, role=role, dtype=dtype, max_context=max_context, k=k,
-                                   allow_pickle=allow_pickle, quiet=quiet)
+                                   allow_pickle=allow_pickle, opset=opset, quiet=quiet)
                   for role, src in sources.items()}
         shared = min(m.vocab_size for m in models.values())
         if tok_size > shared:

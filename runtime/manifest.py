@@ -54,6 +54,7 @@ class ModelInfo:
     parity: dict = field(default_factory=dict)
     export_seconds: float = 0.0
     source: str = ""          # the Hugging Face folder it was exported from (benchmarks' peers use it)
+    opset: int = 20           # ONNX opset: 23 (fused ops) needs onnxruntime >= 1.22
 
     def __post_init__(self):
         if self.dtype not in DTYPES:

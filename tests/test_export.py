@@ -14,10 +14,13 @@ from specedge.runtime.manifest import FORMAT_VERSION, Manifest
 CASES = ("prefill", "decode", "verify", "rollback")
 
 
+@pytest.mark.parametrize("opset", [20, 23])
 @pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2", "qwen3", "phi3", "gpt2"])
-def test_architecture_parity(arch, tmp_path):
+def test_architecture_parity(arch, opset, tmp_path):
     src = make_model(tmp_path / arch, arch, seed=7)
-    m = export_bundle(target=src, draft=None, out=tmp_path / "bundle", k=4, max_context=128, quiet=True)
+    m = export_bundle(target=src, draft=None, out=tmp_path / "bundle", k=4, max_context=128, opset=opset,
+                      quiet=True)
+    assert m.models["target"].opset == opset
     parity = m.models["target"].parity
     assert set(parity) == set(CASES)
     for case in CASES:
@@ -83,6 +86,8 @@ def test_bad_inputs(tmp_path, capsys, llama_target):
     assert "--allow-pickle" in _err(capsys, ["model", str(pickled), "--out", out])
     assert "max-draft-tokens must be >= 1" in _err(capsys, ["model", str(llama_target), "--out", out,
                                                              "--max-draft-tokens", "0"])
+    assert "--opset 17 is not supported" in _err(capsys, ["model", str(llama_target), "--out", out,
+                                                          "--opset", "17"])
     msg = _err(capsys, ["model", str(llama_target), "--out", out, "--max-context", "100000"])
     assert "position limit of 512" in msg
     (tmp_path / "exists").mkdir()
