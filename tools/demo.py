@@ -24,15 +24,32 @@ def load_demo_config() -> dict:
     return {k: ROOT / v for k, v in cfg.items()}
 
 
-def source_key(*folders: Path) -> str:
-    """Changes whenever a source model file or specedge's version changes."""
+# The demo bundle's export settings, for every tool that exports the demo pair (demo, eval, bench).
+# Opset 23: this machine's onnxruntime runs the fused RMSNorm/rotary/attention ops (faster drafts).
+DEMO_EXPORT = {"k": 8, "max_context": 1024, "opset": 23}
+
+
+def source_key(*paths: Path) -> str:
+    """Changes whenever a source file, the export settings or specedge's version change."""
     from specedge.runtime import __version__
-    h = hashlib.sha256(__version__.encode())
-    for folder in folders:
-        for f in sorted(folder.iterdir()):
+    h = hashlib.sha256((__version__ + json.dumps(DEMO_EXPORT, sort_keys=True)).encode())
+    for path in paths:
+        for f in sorted(path.iterdir()) if path.is_dir() else [path]:
             if f.is_file():
                 h.update(f.name.encode() + f.read_bytes())
     return h.hexdigest()
+
+
+def ensure_bundle(bundle: Path, target: Path, draft: Path, prompts: Path | None) -> bool:
+    """Export the pair into `bundle` unless it already holds exactly this export; True if reused."""
+    from specedge.export import export_bundle
+    key = source_key(target, draft, *([prompts] if prompts else []))
+    stamp = bundle / "source-key.txt"
+    if stamp.is_file() and stamp.read_text() == key:
+        return True
+    export_bundle(target=target, draft=draft, out=bundle, prompts=prompts, overwrite=True, **DEMO_EXPORT)
+    stamp.write_text(key)
+    return False
 
 
 def demo_sources() -> tuple[Path, Path, Path | None, bool]:
@@ -51,7 +68,6 @@ def demo_sources() -> tuple[Path, Path, Path | None, bool]:
 
 
 def main(argv: list[str]) -> int:
-    from specedge.export import export_bundle
     from specedge.runtime import SpeculativeDecoder
 
     target, draft, prompts, trained = demo_sources()
@@ -59,14 +75,8 @@ def main(argv: list[str]) -> int:
         print("note: the trained demo pair is not in this checkout (configs/demo.toml); using a tiny RANDOM "
               "pair, so the text is gibberish -- the speculative machinery and stats are real.\n")
     bundle = ROOT / "bundles" / ("demo" if trained else "tiny-random")
-    key = source_key(target, draft)
-    stamp = bundle / "source-key.txt"
-    if stamp.is_file() and stamp.read_text() == key:
+    if ensure_bundle(bundle, target, draft, prompts):
         print(f"using cached bundle {bundle.relative_to(ROOT)}")
-    else:
-        export_bundle(target=target, draft=draft, out=bundle, k=8, max_context=1024, prompts=prompts,
-                      overwrite=True)
-        stamp.write_text(key)
     prompt = argv[0] if argv else DEFAULT_PROMPT
     if not argv and prompts:
         prompt = json.loads(prompts.read_text().splitlines()[0])["prompt"]

@@ -72,56 +72,18 @@ def train_module():
 
 
 # -- 1. the bundle -----------------------------------------------------------------------------------
-def newest_mtime(*paths: Path) -> float:
-    times = []
-    for p in paths:
-        if p.is_dir():
-            times += [f.stat().st_mtime for f in p.iterdir() if f.is_file()]
-        elif p.is_file():
-            times.append(p.stat().st_mtime)
-    return max(times, default=0.0)
-
-
-def bundle_is_current(bundle: Path, target: Path, draft: Path, prompts: Path) -> tuple[bool, str]:
-    from specedge.runtime import BundleError, Manifest
-    try:
-        m = Manifest.load(bundle)
-    except BundleError as e:
-        return False, str(e)
-    want = {"target": str(target.resolve()), "draft": str(draft.resolve())}
-    got = {role: info.source for role, info in m.models.items()}
-    if got != want:
-        return False, f"manifest sources {got} are not {want}"
-    if any(info.dtype != "float32" for info in m.models.values()):
-        return False, "the bundle is not fp32"
-    if m.max_draft_tokens < K or m.max_context != 1024 or not m.prompts:
-        return False, "the bundle was exported with other settings (K, max context or prompts)"
-    if (bundle / "manifest.json").stat().st_mtime <= newest_mtime(target, draft, prompts):
-        return False, "the models or prompts are newer than the bundle"
-    return True, "manifest sources match and the bundle is newer than the models"
-
-
 def ensure_bundle(bundle: Path, target: Path, draft: Path, prompts: Path) -> dict:
-    ok, why = bundle_is_current(bundle, target, draft, prompts)
-    if ok:
-        log(f"reusing bundle {bundle} ({why})")
-        return {"path": str(bundle), "reused": True, "reason": why, "export_seconds": 0.0}
-    log(f"exporting the pair into {bundle} ({why})")
+    """The demo bundle, exported (or reused) by tools/demo.py's one export path and settings."""
+    spec = importlib.util.spec_from_file_location("specedge_demo", ROOT / "tools" / "demo.py")
+    demo = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(demo)
     import torch
     torch.set_num_threads(THREADS)
-    from specedge.export import export_bundle
     t0 = time.perf_counter()
-    export_bundle(target=target, draft=draft, out=bundle, k=8, max_context=1024, prompts=prompts, overwrite=True)
-    seconds = time.perf_counter() - t0
-    if bundle.resolve() == (ROOT / "bundles" / "demo").resolve():
-        try:   # let tools/demo.py reuse this bundle too (same sources, same export settings)
-            spec = importlib.util.spec_from_file_location("specedge_demo", ROOT / "tools" / "demo.py")
-            demo = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(demo)
-            (bundle / "source-key.txt").write_text(demo.source_key(target, draft))
-        except Exception as e:  # noqa: BLE001 -- only a cache hint for another tool
-            log(f"note: no source-key.txt for tools/demo.py ({e})")
-    return {"path": str(bundle), "reused": False, "reason": why, "export_seconds": round(seconds, 1)}
+    reused = demo.ensure_bundle(bundle, target, draft, prompts)
+    log(f"{'reused' if reused else 'exported'} bundle {bundle}")
+    return {"path": str(bundle), "reused": reused, "export_settings": demo.DEMO_EXPORT,
+            "export_seconds": 0.0 if reused else round(time.perf_counter() - t0, 1)}
 
 
 # -- 2. held-out loss / top-1 / bits per byte ----------------------------------------------------------
