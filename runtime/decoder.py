@@ -201,7 +201,7 @@ class SpeculativeDecoder:
         and roll both caches back to the committed prefix. Returns the newly committed tokens."""
         n, params, greedy = len(tokens), cfg.sampling, cfg.sampling.greedy
         drafts: list[int] = []
-        q = np.empty((0 if greedy else k, self.vocab_size))              # [k, vocab]
+        q = np.empty((0 if greedy else k, self.vocab_size), dtype=np.float32)   # [k, vocab]
         feed = tokens[self.draft.length:] if k else []   # 1 token; 2 when the draft missed the last bonus
         for i in range(k):
             t0 = time.perf_counter()

@@ -194,9 +194,11 @@ def target_joint(folder, params: SamplingParams) -> dict:
                                 lg[seen] * params.repetition_penalty)
             top = np.sort(lg)[::-1]
             assert top[params.top_k - 1] - top[params.top_k] > 1e-3, "top-k boundary near a tie"
-    p1 = probs(rows[0][0][None], params, history=rows[0][1])[0]
-    return {(a, b): float(p1[a] * probs(lg[None], params, history=h)[0][b])
-            for a, (lg, h) in enumerate(rows[1:]) for b in range(E2E_VOCAB)}
+    def law(lg, hist):    # probs() works in float32: renormalise in float64 for the oracle
+        pr = probs(lg[None], params, history=hist)[0].astype(np.float64)
+        return pr / pr.sum()
+    p1 = law(*rows[0])
+    return {(a, b): float(p1[a] * law(lg, h)[b]) for a, (lg, h) in enumerate(rows[1:]) for b in range(E2E_VOCAB)}
 
 
 @pytest.mark.parametrize("name", E2E_CASES)
