@@ -7,30 +7,44 @@ import sys
 
 from specedge.engines.base import EngineError
 
-from .config import ConfigError, GenerationConfig, SamplingParams
+from .config import ConfigError, GenerationConfig, SamplingParams, load_toml
 from .manifest import BundleError
 
 _G, _S = GenerationConfig(), SamplingParams()
+# flag -> GenerationConfig / SamplingParams field; a flag left out keeps the --config (or default) value
+_FIELDS = {"max_new_tokens": "max_new_tokens", "temperature": "temperature", "top_k": "top_k", "top_p": "top_p",
+           "repetition_penalty": "repetition_penalty", "k": "k", "seed": "seed"}
 
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="spec-run", description=__doc__)
     ap.add_argument("bundle", help="bundle folder written by spec-export")
     ap.add_argument("prompt", help="prompt text ('-' reads standard input)")
-    ap.add_argument("--max-new-tokens", type=int, default=_G.max_new_tokens)
-    ap.add_argument("--temperature", type=float, default=_S.temperature, help="0 = greedy (default)")
-    ap.add_argument("--top-k", type=int, default=_S.top_k, help="0 = off")
-    ap.add_argument("--top-p", type=float, default=_S.top_p, help="1 = off")
-    ap.add_argument("--repetition-penalty", type=float, default=_S.repetition_penalty, help="1 = off")
-    ap.add_argument("--k", type=int, default=_G.k, help=f"draft tokens per round (default {_G.k})")
-    ap.add_argument("--seed", type=int, default=_G.seed)
-    ap.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    ap.add_argument("--config", help="TOML file of generation settings (flags override it)")
+    ap.add_argument("--max-new-tokens", type=int, help=f"default {_G.max_new_tokens}")
+    ap.add_argument("--temperature", type=float, help=f"0 = greedy (default {_S.temperature})")
+    ap.add_argument("--top-k", type=int, help="0 = off (default)")
+    ap.add_argument("--top-p", type=float, help="1 = off (default)")
+    ap.add_argument("--repetition-penalty", type=float, help="1 = off (default)")
+    ap.add_argument("--k", type=int, help=f"draft tokens per round (default {_G.k})")
+    ap.add_argument("--seed", type=int, help=f"default {_G.seed}")
+    ap.add_argument("--stop", action="append", help="stop string (repeatable)")
     ap.add_argument("--no-speculation", action="store_true", help="target-only decoding")
     ap.add_argument("--stream", action="store_true", help="print text as it is committed")
     ap.add_argument("--json", action="store_true", help="print one JSON object (text, ids, stats)")
     ap.add_argument("--providers", default="cpu", help="comma list: cpu, cuda, tensorrt (default cpu)")
     ap.add_argument("--threads", type=int, default=0, help="ONNX Runtime intra-op threads (0 = auto)")
     return ap
+
+
+def config_from_args(args) -> GenerationConfig:
+    base = load_toml(args.config) if args.config else GenerationConfig()
+    overrides = {f: getattr(args, a) for a, f in _FIELDS.items() if getattr(args, a) is not None}
+    if args.stop:
+        overrides["stop"] = tuple(args.stop)
+    if args.no_speculation:
+        overrides["speculative"] = False
+    return base.updated(**overrides)
 
 
 def stats_line(stats) -> str:
@@ -45,11 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     try:
-        cfg = GenerationConfig(max_new_tokens=args.max_new_tokens, k=args.k, seed=args.seed,
-                               stop=tuple(args.stop), speculative=not args.no_speculation,
-                               sampling=SamplingParams(temperature=args.temperature, top_k=args.top_k,
-                                                       top_p=args.top_p,
-                                                       repetition_penalty=args.repetition_penalty))
+        cfg = config_from_args(args)
         from .decoder import SpeculativeDecoder
         dec = SpeculativeDecoder.from_bundle(args.bundle, providers=args.providers.split(","),
                                              threads=args.threads, speculative=cfg.speculative, config=cfg)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
+from pathlib import Path
 
 
 class ConfigError(ValueError):
@@ -62,3 +63,21 @@ class GenerationConfig:
             raise ConfigError(f"unknown generation parameters {sorted(unknown)}")
         cfg = replace(self, **overrides)
         return replace(cfg, sampling=replace(cfg.sampling, **sampling)) if sampling else cfg
+
+
+def load_toml(path: str | Path) -> GenerationConfig:
+    """A GenerationConfig from a TOML file: top-level keys are GenerationConfig fields, and sampling
+    fields may sit at top level or in a [sampling] table. Unknown keys are errors."""
+    try:
+        import tomllib
+    except ImportError:           # Python < 3.11
+        import tomli as tomllib
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as e:
+        raise ConfigError(f"cannot read generation config {path}: {e}") from e
+    flat = {**data.pop("sampling", {}), **data}
+    if "stop" in flat:
+        flat["stop"] = tuple(flat["stop"])
+    return GenerationConfig().updated(**flat)

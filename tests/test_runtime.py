@@ -221,3 +221,20 @@ def test_io_binding_path_matches_numpy_path(pair_bundles):
             continue
         assert np.array_equal(plain.run(np.asarray(step)), bound.run(np.asarray(step)))
     assert plain.length == bound.length == 9
+
+
+def test_toml_config_and_flags_map_onto_one_dataclass(pair_bundles, tmp_path, capsys):
+    from specedge.runtime.config import load_toml
+    cfg_file = tmp_path / "gen.toml"
+    cfg_file.write_text('max_new_tokens = 7\nk = 3\nstop = ["zz"]\n[sampling]\ntemperature = 0.5\ntop_p = 0.9\n')
+    cfg = load_toml(cfg_file)
+    assert (cfg.max_new_tokens, cfg.k, cfg.stop, cfg.sampling.temperature, cfg.sampling.top_p) == (7, 3, ("zz",), 0.5, 0.9)
+    assert run_main([str(pair_bundles["agree"]), "x", "--config", str(cfg_file), "--json", "--k", "2"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert len(out["token_ids"]) <= 7 and out["stats"]["k"] == 2         # the flag overrides the file
+    cfg_file.write_text("temperature = -1\n")
+    assert run_main([str(pair_bundles["agree"]), "x", "--config", str(cfg_file)]) == 2
+    assert "temperature must be >= 0" in capsys.readouterr().err
+    cfg_file.write_text("colour = 1\n")
+    with pytest.raises(ConfigError, match="unknown"):
+        load_toml(cfg_file)
