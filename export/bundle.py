@@ -15,7 +15,7 @@ from pathlib import Path
 
 from specedge.runtime.manifest import Manifest, ModelInfo, io_names
 
-from .loader import ExportError, arch_of, check_weights, load_model
+from .loader import ExportError, check_source, load_model
 
 GENERATION_KEYS = ("do_sample", "temperature", "top_k", "top_p", "repetition_penalty")
 
@@ -147,13 +147,17 @@ def export_bundle(*, target: Path, draft: Path | None, out: Path, dtype: str = "
     if opset not in OPSETS:
         raise ExportError(f"--opset {opset} is not supported; use one of {', '.join(map(str, OPSETS))}")
     sources = {"target": Path(target)} | ({"draft": Path(draft)} if draft else {})
-    for src in sources.values():       # fail fast, before any heavy work
-        arch_of(src)
-        check_weights(src, allow_pickle=allow_pickle)
+    # fail fast: every refusal before any heavy work
+    dims = {role: check_source(src, dtype=dtype, max_context=max_context, allow_pickle=allow_pickle)
+            for role, src in sources.items()}
     if prompts:
         _check_prompts(Path(prompts))
     toks = {role: tokenizer_json(src) for role, src in sources.items()}
     tok_size = check_vocab(toks["target"], toks.get("draft", toks["target"]))
+    shared = min(d["vocab_size"] for d in dims.values())
+    if tok_size > shared:
+        raise ExportError(f"the tokenizer has {tok_size} tokens but a model's logits only {shared}; "
+                          f"the tokenizer does not belong to these models")
     eos_ids, generation = generation_defaults(sources["target"])
     if Path(out).exists() and not overwrite:
         raise ExportError(f"{out} already exists; pass --overwrite to replace it")
@@ -161,10 +165,6 @@ def export_bundle(*, target: Path, draft: Path | None, out: Path, dtype: str = "
         models = {role: export_one(src, tmp / role, role=role, dtype=dtype, max_context=max_context, k=k,
                                    allow_pickle=allow_pickle, opset=opset, quiet=quiet)
                   for role, src in sources.items()}
-        shared = min(m.vocab_size for m in models.values())
-        if tok_size > shared:
-            raise ExportError(f"the tokenizer has {tok_size} tokens but a model's logits only {shared}; "
-                              f"the tokenizer does not belong to these models")
         (tmp / "tokenizer.json").write_text(toks["target"], encoding="utf-8")
         if prompts:
             shutil.copy2(prompts, tmp / "prompts.jsonl")

@@ -49,19 +49,15 @@ def check_weights(folder: Path, *, allow_pickle: bool) -> bool:
     raise ExportError(f"{folder} has no weights (*.safetensors)")
 
 
-def load_model(folder: Path, *, dtype: str, max_context: int | None, allow_pickle: bool):
-    """Load the model in `dtype` (fp32|fp16) whatever the stored dtype; return (model, dims)."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
+def check_source(folder: Path, *, dtype: str, max_context: int | None, allow_pickle: bool) -> dict:
+    """Everything that can be refused about one model before any heavy work; returns its dims."""
+    from types import SimpleNamespace
 
     model_type, arch = arch_of(folder)
-    safetensors = check_weights(folder, allow_pickle=allow_pickle)
+    check_weights(folder, allow_pickle=allow_pickle)
     if dtype not in DTYPES:
         raise ExportError(f"--dtype {dtype!r} is not supported; use one of {', '.join(DTYPES)}")
-    config = AutoConfig.from_pretrained(folder, local_files_only=True)
+    config = SimpleNamespace(**read_config(folder))
     dims = arch.dims(config)
     limit = dims.pop("max_positions")
     max_context = max_context or min(limit, 4096)
@@ -71,18 +67,29 @@ def load_model(folder: Path, *, dtype: str, max_context: int | None, allow_pickl
     if max_context < 2:
         raise ExportError(f"--max-context must be at least 2, got {max_context}")
     window = getattr(config, "sliding_window", None) if arch.sliding_window else None
-    if window and (model_type != "qwen2" or getattr(config, "use_sliding_window", False)):
-        if max_context > window:
-            raise ExportError(f"{folder} uses sliding-window attention ({window} tokens), which the exported "
-                              f"full KV cache does not model; pass --max-context {window} or less")
-    if window:
+    uses_window = window and (model_type != "qwen2" or getattr(config, "use_sliding_window", False))
+    if uses_window and max_context > window:
+        raise ExportError(f"{folder} uses sliding-window attention ({window} tokens), which the exported "
+                          f"full KV cache does not model; pass --max-context {window} or less")
+    return {"model_type": model_type, **dims, "dtype": DTYPES[dtype], "max_context": max_context}
+
+
+def load_model(folder: Path, *, dtype: str, max_context: int | None, allow_pickle: bool):
+    """Load the model in `dtype` (fp32|fp16) whatever the stored dtype; return (model, dims)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    dims = check_source(folder, dtype=dtype, max_context=max_context, allow_pickle=allow_pickle)
+    config = AutoConfig.from_pretrained(folder, local_files_only=True)
+    if getattr(config, "sliding_window", None) and REGISTRY[dims["model_type"]].sliding_window:
         # Within the window, sliding attention is full attention; this keeps every position in the cache.
         config.sliding_window = None
-        if hasattr(config, "layer_types") and config.layer_types:
+        if getattr(config, "layer_types", None):
             config.layer_types = ["full_attention"] * len(config.layer_types)
-    torch_dtype = getattr(torch, DTYPES[dtype])
     model = AutoModelForCausalLM.from_pretrained(
-        folder, config=config, dtype=torch_dtype, local_files_only=True, use_safetensors=safetensors,
-        attn_implementation="sdpa")
+        folder, config=config, dtype=getattr(torch, dims["dtype"]), local_files_only=True,
+        use_safetensors=check_weights(folder, allow_pickle=allow_pickle), attn_implementation="sdpa")
     model.eval()
-    return model, {"model_type": model_type, **dims, "dtype": DTYPES[dtype], "max_context": max_context}
+    return model, dims

@@ -172,3 +172,15 @@ def test_batch_is_dynamic(tmp_path, llama_target):
     with torch.no_grad():
         ref = model(input_ids=torch.as_tensor(ids)).logits[:, 4:].numpy()
     assert logits.shape == (2, 3, 320) and np.abs(logits - ref).max() < 1e-4
+
+
+def test_pair_refusals_come_before_any_export(tmp_path, llama_target, monkeypatch):
+    """A draft whose position limit is below --max-context is refused before the target is exported."""
+    import specedge.export.graph as graph
+    monkeypatch.setattr(graph, "export_onnx", lambda *a, **k: pytest.fail("exported before refusing"))
+    short = make_model(tmp_path / "short", "llama", seed=4, positions=64)
+    with pytest.raises(ExportError, match="position limit of 64"):
+        export_bundle(target=llama_target, draft=short, out=tmp_path / "b", max_context=128, quiet=True)
+    small = make_model(tmp_path / "small", "llama", seed=4, vocab=200)
+    with pytest.raises(ExportError, match="tokenizer has 257 tokens but a model's logits only 200"):
+        export_bundle(target=llama_target, draft=small, out=tmp_path / "b", quiet=True)
