@@ -65,7 +65,7 @@ class OrtEngine:
 
     def __init__(self, path: str | Path, *, vocab_size: int | None = None, max_context: int = 1 << 30,
                  providers: list[str] | None = None, threads: int = 0, optimize: bool = True,
-                 io_binding: bool | None = None):
+                 io_binding: bool | None = None, num_kv_heads: int | None = None, head_dim: int | None = None):
         ort = import_onnxruntime()
         path = Path(path)
         if not path.is_file():
@@ -90,7 +90,12 @@ class OrtEngine:
                               f"{sorted(inputs)[:6]}...; export it with spec-export")
         self.num_layers = len(layers)
         k0 = inputs["past_key_values.0.key"]
-        self.num_kv_heads, self.head_dim = int(k0.shape[1]), int(k0.shape[3])
+        # onnxruntime-genai graphs leave head_dim symbolic ('kv_cache_dim'): the manifest supplies it
+        dims = [d if isinstance(d, int) else None for d in (k0.shape[1], k0.shape[3])]
+        self.num_kv_heads, self.head_dim = dims[0] or num_kv_heads, dims[1] or head_dim
+        if not (self.num_kv_heads and self.head_dim):
+            raise EngineError(f"{path}: the KV cache's heads / head_dim are symbolic {k0.shape}; pass "
+                              f"num_kv_heads= and head_dim= (a bundle's manifest holds them)")
         self.dtype = _NP_DTYPES.get(k0.type)
         if self.dtype is None:
             raise EngineError(f"{path}: KV cache type {k0.type} is not supported (float32 or float16)")

@@ -106,7 +106,8 @@ class SpeculativeDecoder:
             if role == "draft" and not speculative:
                 continue
             e = OrtEngine(path / info.file, vocab_size=m.vocab_size, max_context=m.max_context,
-                          providers=providers, threads=threads)
+                          providers=providers, threads=threads, num_kv_heads=info.num_kv_heads,
+                          head_dim=info.head_dim)
             got = (e.num_layers, e.num_kv_heads, e.head_dim)
             if got != (info.num_layers, info.num_kv_heads, info.head_dim):
                 raise BundleError(f"{role} graph has (layers, kv heads, head dim) {got} but the manifest says "
