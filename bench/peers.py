@@ -19,7 +19,6 @@ import argparse
 import hashlib
 import json
 import os
-import re
 import shutil
 import statistics
 import subprocess
@@ -208,18 +207,12 @@ def build(src: Path, cache: Path) -> tuple[Path, str]:
     tmp = cache / f".tmp-og-{key}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     log(f"building {src} with the onnxruntime-genai model builder -> {out}")
-    cmd = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(src), "-o", str(tmp),
-           "-p", PRECISION, "-e", "cpu", "-c", str(tmp / "hf_cache")]
-    # cwd=cache: the builder may drop scratch files in its working directory
-    proc = subprocess.run(cmd, cwd=cache, capture_output=True, text=True, timeout=3600,
-                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    if proc.returncode != 0 or not (tmp / "genai_config.json").is_file():
-        lines = [ln.strip() for ln in (proc.stderr or proc.stdout).splitlines() if ln.strip()] or ["no output"]
-        # the exception line, not the advice that transformers appends to it
-        tail = [ln for ln in lines if re.match(r"[\w.]*(Error|Exception)\b", ln)][-1:] or lines[-1:]
+    from specedge.export.genai import run_builder    # one builder invocation for export and peers
+    try:
+        run_builder(src, tmp, precision=PRECISION)
+    except Exception as e:  # ExportError, or the builder's own: reported as this peer's error
         shutil.rmtree(tmp, ignore_errors=True)
-        raise RuntimeError(f"genai builder failed on {src} (exit {proc.returncode}): {tail[0].strip()}")
-    shutil.rmtree(tmp / "hf_cache", ignore_errors=True)
+        raise RuntimeError(str(e)) from e
     _publish(tmp, out)
     return out, key
 

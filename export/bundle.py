@@ -74,18 +74,25 @@ def generation_defaults(folder: Path) -> tuple[list[int], dict]:
 
 
 def export_one(src: Path, dst: Path, *, role: str, dtype: str, max_context: int | None, k: int,
-               allow_pickle: bool, opset: int, quiet: bool = False) -> ModelInfo:
+               allow_pickle: bool, opset: int, builder: str = "torch", quiet: bool = False) -> ModelInfo:
+    from .genai import export_genai
     from .graph import export_onnx
     from .parity import measure
 
     t0 = time.perf_counter()
     dst.mkdir(parents=True)
-    with phase(f"[{role}] load {src}", quiet):
-        model, dims = load_model(src, dtype=dtype, max_context=max_context, allow_pickle=allow_pickle)
-    with phase(f"[{role}] export ONNX", quiet):
-        export_onnx(model, dims, dst / "model.onnx", opset=opset)
+    with phase(f"[{role}] load {src}", quiet):     # the PyTorch reference (fp32 for int4 graphs)
+        model, dims = load_model(src, dtype=_reference_dtype(dtype), max_context=max_context,
+                                 allow_pickle=allow_pickle)
+    with phase(f"[{role}] export ONNX ({builder})", quiet):
+        if builder == "genai":
+            inputs, outputs = export_genai(src, dst, precision=dtype)
+        else:
+            export_onnx(model, dims, dst / "model.onnx", opset=opset)
+            inputs, outputs = io_names(dims["num_layers"])
     with phase(f"[{role}] parity ONNX Runtime vs PyTorch", quiet):
-        parity = measure(model, dst / "model.onnx", vocab_size=dims["vocab_size"], k=k)
+        parity = measure(model, dst / "model.onnx", vocab_size=dims["vocab_size"], k=k,
+                         num_kv_heads=dims["num_kv_heads"], head_dim=dims["head_dim"])
     if not quiet:
         for case, d in parity.items():
             print(f"[{role}]   {case:8s} max|diff| {d['max_abs_diff']:.2e}  relative {d['max_rel_diff']:.2e}",
@@ -93,10 +100,13 @@ def export_one(src: Path, dst: Path, *, role: str, dtype: str, max_context: int 
     for name in ("config.json", "generation_config.json"):
         if (src / name).is_file():
             shutil.copy2(src / name, dst / name)
-    inputs, outputs = io_names(dims["num_layers"])
     return ModelInfo(file=f"{role}/model.onnx", inputs=inputs, outputs=outputs, parity=parity,
                      export_seconds=round(time.perf_counter() - t0, 2), source=str(Path(src).resolve()),
-                     opset=opset, **dims)
+                     opset=opset if builder == "torch" else 0, builder=builder, weights=dtype, **dims)
+
+
+def _reference_dtype(dtype: str) -> str:
+    return "fp32" if dtype == "int4" else dtype
 
 
 @contextlib.contextmanager
@@ -135,7 +145,8 @@ def _check_prompts(path: Path) -> None:
 
 def export_bundle(*, target: Path, draft: Path | None, out: Path, dtype: str = "fp32", k: int = 8,
                   max_context: int | None = None, prompts: Path | None = None, overwrite: bool = False,
-                  allow_pickle: bool = False, opset: int | None = None, quiet: bool = False) -> Manifest:
+                  allow_pickle: bool = False, opset: int | None = None, builder: str = "torch",
+                  quiet: bool = False) -> Manifest:
     """Export `target` (and `draft`, when given) into the bundle folder `out`."""
     from specedge.runtime import __version__
 
@@ -146,9 +157,14 @@ def export_bundle(*, target: Path, draft: Path | None, out: Path, dtype: str = "
     opset = opset or DEFAULT_OPSET
     if opset not in OPSETS:
         raise ExportError(f"--opset {opset} is not supported; use one of {', '.join(map(str, OPSETS))}")
+    if builder not in ("torch", "genai"):
+        raise ExportError(f"--builder {builder!r} is not supported; use torch or genai")
+    if dtype == "int4" and builder != "genai":
+        raise ExportError("--dtype int4 needs --builder genai (onnxruntime-genai's int4 MatMulNBits graphs)")
     sources = {"target": Path(target)} | ({"draft": Path(draft)} if draft else {})
     # fail fast: every refusal before any heavy work
-    dims = {role: check_source(src, dtype=dtype, max_context=max_context, allow_pickle=allow_pickle)
+    dims = {role: check_source(src, dtype=_reference_dtype(dtype), max_context=max_context,
+                               allow_pickle=allow_pickle)
             for role, src in sources.items()}
     if prompts:
         _check_prompts(Path(prompts))
@@ -163,7 +179,7 @@ def export_bundle(*, target: Path, draft: Path | None, out: Path, dtype: str = "
         raise ExportError(f"{out} already exists; pass --overwrite to replace it")
     with staged(Path(out), overwrite=overwrite) as tmp:
         models = {role: export_one(src, tmp / role, role=role, dtype=dtype, max_context=max_context, k=k,
-                                   allow_pickle=allow_pickle, opset=opset, quiet=quiet)
+                                   allow_pickle=allow_pickle, opset=opset, builder=builder, quiet=quiet)
                   for role, src in sources.items()}
         (tmp / "tokenizer.json").write_text(toks["target"], encoding="utf-8")
         if prompts:

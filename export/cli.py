@@ -15,8 +15,11 @@ from .loader import ExportError
 
 def _common(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--out", type=Path, required=True, help="bundle folder to write")
-    ap.add_argument("--dtype", default="fp32", choices=["fp32", "fp16"],
-                    help="weights and KV cache dtype of the graphs (logits are always fp32)")
+    ap.add_argument("--dtype", default="fp32", choices=["fp32", "fp16", "int4"],
+                    help="weights (and KV cache) dtype; logits are always fp32; int4 needs --builder genai")
+    ap.add_argument("--builder", default="torch", choices=["torch", "genai"],
+                    help="torch: torch.onnx dynamo export (default); genai: onnxruntime-genai's model builder "
+                         "(fused attention/norm graphs, int4 weights; needs onnxruntime-genai)")
     ap.add_argument("--max-draft-tokens", type=int, default=8, metavar="K",
                     help="largest K the runtime may use; the verify pass covers K+1 positions (default 8)")
     ap.add_argument("--max-context", type=int, default=None, metavar="N",
@@ -49,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         export_bundle(target=args.model if single else args.target, draft=None if single else args.draft,
                       out=args.out, dtype=args.dtype, k=args.max_draft_tokens, max_context=args.max_context,
                       prompts=args.prompts, overwrite=args.overwrite, allow_pickle=args.allow_pickle,
-                      opset=args.opset, quiet=args.quiet)
+                      opset=args.opset, builder=args.builder, quiet=args.quiet)
     except ExportError as e:
         print(f"spec-export: error: {e}", file=sys.stderr)
         return 2

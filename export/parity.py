@@ -24,7 +24,8 @@ def _diff(ours: np.ndarray, ref: np.ndarray) -> dict:
     return {"max_abs_diff": abs_diff, "max_rel_diff": abs_diff / max(float(np.abs(ref).max()), 1e-12)}
 
 
-def measure(model, onnx_path: Path, *, vocab_size: int, k: int, prompt_len: int = 7, seed: int = 0) -> dict:
+def measure(model, onnx_path: Path, *, vocab_size: int, k: int, num_kv_heads: int, head_dim: int,
+            prompt_len: int = 7, seed: int = 0) -> dict:
     rng = np.random.default_rng(seed)
     ids = rng.integers(0, vocab_size, size=prompt_len + k + 2)
     prompt, draft, nxt = ids[:prompt_len], ids[prompt_len:prompt_len + k + 1], ids[-1:]
@@ -39,7 +40,7 @@ def measure(model, onnx_path: Path, *, vocab_size: int, k: int, prompt_len: int 
             out = model(input_ids=t, position_ids=pos, **extra)
             return out.logits[0].float().numpy()[:, :vocab_size]
 
-    engine = OrtEngine(onnx_path, vocab_size=vocab_size)
+    engine = OrtEngine(onnx_path, vocab_size=vocab_size, num_kv_heads=num_kv_heads, head_dim=head_dim)
     result = {}
 
     def fresh_cache():

@@ -54,7 +54,9 @@ class ModelInfo:
     parity: dict = field(default_factory=dict)
     export_seconds: float = 0.0
     source: str = ""          # the Hugging Face folder it was exported from (benchmarks' peers use it)
-    opset: int = 20           # ONNX opset: 23 (fused ops) needs onnxruntime >= 1.22
+    opset: int = 20           # ONNX opset: 23 (fused ops) needs onnxruntime >= 1.22; 0 = the builder's choice
+    builder: str = "torch"    # "torch" (torch.onnx dynamo) or "genai" (onnxruntime-genai's model builder)
+    weights: str = "fp32"     # weight precision: fp32, fp16 or int4 (genai builder only)
 
     def __post_init__(self):
         if self.dtype not in DTYPES:

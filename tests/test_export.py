@@ -184,3 +184,25 @@ def test_pair_refusals_come_before_any_export(tmp_path, llama_target, monkeypatc
     small = make_model(tmp_path / "small", "llama", seed=4, vocab=200)
     with pytest.raises(ExportError, match="tokenizer has 257 tokens but a model's logits only 200"):
         export_bundle(target=llama_target, draft=small, out=tmp_path / "b", quiet=True)
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "int4"])
+def test_genai_builder_graphs_run_in_our_runtime(tmp_path, llama_target, llama_drafts, dtype):
+    """onnxruntime-genai's fused graphs (no position_ids, symbolic head_dim) under our manifest."""
+    pytest.importorskip("onnxruntime_genai")
+    from specedge.runtime import SpeculativeDecoder
+    out = tmp_path / dtype
+    m = export_bundle(target=llama_target, draft=llama_drafts["agree"], out=out, builder="genai", dtype=dtype,
+                      k=4, max_context=128, quiet=True)
+    info = m.models["target"]
+    assert info.builder == "genai" and info.weights == dtype and "position_ids" not in info.inputs
+    bound = 1e-4 if dtype == "fp32" else 0.5          # int4 of random weights is lossy; fp32 is exact
+    assert all(info.parity[c]["max_rel_diff"] < bound for c in CASES), info.parity
+    dec = SpeculativeDecoder.from_bundle(out)
+    spec, plain = (dec.generate([1, 2, 3], max_new_tokens=16, k=4, speculative=s) for s in (True, False))
+    assert spec.token_ids == plain.token_ids and spec.stats.drafted > 0
+
+
+def test_int4_needs_the_genai_builder(tmp_path, llama_target):
+    with pytest.raises(ExportError, match="--builder genai"):
+        export_bundle(target=llama_target, draft=None, out=tmp_path / "b", dtype="int4", quiet=True)

@@ -367,7 +367,7 @@ def card(fig: dict) -> str:
               "sources, half from the whole training corpus.",
               f"- **Tokenizer**: byte-level BPE (`tokenizers`), vocab {tm.VOCAB}, trained on the stdlib training "
               f"files; special tokens {', '.join(f'`{s}`' for s in tm.SPECIALS)} (end-of-text also separates files).",
-              f"- **Prompts** (`prompts.jsonl`, from held-out files only): "
+              "- **Prompts** (`prompts.jsonl`, from held-out files only): "
               + ", ".join(f"{n} {k}" for k, n in fig["prompt_counts"].items())
               + " (function openings: context + a `def` line; edits: context cut at a line inside a function body).",
               "", "<details><summary>Held-out files</summary>", "",

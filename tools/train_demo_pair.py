@@ -27,7 +27,6 @@ import hashlib
 import json
 import math
 import os
-import sys
 import sysconfig
 import time
 from pathlib import Path
