@@ -39,8 +39,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def load_prompts(path: Path, n: int) -> list[str]:
-    lines = [json.loads(line)["prompt"] for line in path.read_text().splitlines() if line.strip()]
-    return lines[:n]
+    prompts = []
+    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if line.strip():
+            try:
+                prompts.append(json.loads(line)["prompt"])
+            except (json.JSONDecodeError, KeyError, TypeError) as e:
+                raise ValueError(f"{path}:{i}: each line must be a JSON object with a 'prompt' ({e})") from e
+    if not prompts:
+        raise ValueError(f"{path} holds no prompts")
+    return prompts[:n]
 
 
 def run_peer(system: str, *, mode: str, k: int, target: Path, draft: Path, prompts: Path, args) -> dict:
@@ -103,8 +111,11 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.quick:
         args.n_prompts, args.ks, args.max_new_tokens, args.repeats = 3, "2,4,6", 48, 2
-    from specedge.runtime import BundleError, Manifest, SpeculativeDecoder
+    from specedge.engines import EngineError
+    from specedge.runtime import BundleError, ConfigError, Manifest, SpeculativeDecoder
     try:
+        if args.n_prompts < 1 or args.repeats < 1 or args.max_new_tokens < 1:
+            raise ValueError("--n-prompts, --repeats and --max-new-tokens must be >= 1")
         manifest = Manifest.load(args.bundle)
         if not manifest.has_draft:
             raise BundleError(f"{args.bundle} has no draft model; export a pair with spec-export")
@@ -114,11 +125,13 @@ def main(argv: list[str] | None = None) -> int:
         ks = sorted({int(k) for k in args.ks.split(",")})
         if not ks or min(ks) < 1 or max(ks) > manifest.max_draft_tokens:
             raise BundleError(f"--ks must lie in 1..{manifest.max_draft_tokens} (the bundle's max draft tokens)")
-    except (BundleError, ValueError) as e:
+        prompts = load_prompts(prompts_path, args.n_prompts)
+        dec = SpeculativeDecoder.from_bundle(args.bundle, threads=args.threads)
+        for p in prompts:
+            dec.encode(p)          # refuse an empty or over-long prompt before measuring anything
+    except (BundleError, ConfigError, EngineError, ValueError, OSError) as e:
         print(f"spec-bench: error: {e}", file=sys.stderr)
         return 2
-    prompts = load_prompts(prompts_path, args.n_prompts)
-    dec = SpeculativeDecoder.from_bundle(args.bundle, threads=args.threads)
     t_start = time.perf_counter()
     plen = int(sum(len(dec.tokenizer.encode(p).ids) for p in prompts) / len(prompts))
     costs = ours.step_costs(dec, past=plen + args.max_new_tokens // 2, ks=ks)

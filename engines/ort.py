@@ -155,7 +155,11 @@ class OrtEngine:
             feed["attention_mask"] = mask
             if pos is not None:
                 feed["position_ids"] = pos
-            out = self.session.run(self.output_names, feed)
+            try:
+                out = self.session.run(self.output_names, feed)
+            except Exception as e:  # onnxruntime's own classes (Fail, RuntimeException: OOM, ...)
+                raise EngineError(f"ONNX Runtime failed running {self.num_layers}-layer graph at "
+                                  f"{total} tokens: {str(e).strip()[:300]}") from e
             self._cache = out[1:]            # [1, kv_heads, total, head_dim] each
             logits = out[0]
         self._len = total

@@ -7,17 +7,20 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shutil
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from specedge.runtime.manifest import Manifest, ModelInfo, io_names
+from specedge.runtime.manifest import MANIFEST, Manifest, ModelInfo, io_names
 
 from .loader import ExportError, check_source, load_model
 
 GENERATION_KEYS = ("do_sample", "temperature", "top_k", "top_p", "repetition_penalty")
+# Largest relative logit difference (to max |logit|) an export may show; int4 is lossy by design.
+PARITY_BOUND = {"fp32": 1e-3, "fp16": 5e-2}
 
 
 @contextlib.contextmanager
@@ -55,7 +58,7 @@ def check_vocab(target_tok: str, draft_tok: str) -> int:
     if t == d:
         return len(t)
     t_by_id, d_by_id = {i: s for s, i in t.items()}, {i: s for s, i in d.items()}
-    first = next(i for i in range(max(len(t_by_id), len(d_by_id)) + 1) if t_by_id.get(i) != d_by_id.get(i))
+    first = min(i for i in set(t_by_id) | set(d_by_id) if t_by_id.get(i) != d_by_id.get(i))
     raise ExportError(f"draft and target tokenizers differ: target has {len(t)} tokens, draft {len(d)}; "
                       f"first difference at id {first}: target {t_by_id.get(first)!r} vs draft "
                       f"{d_by_id.get(first)!r}. Speculative decoding needs a draft trained with the "
@@ -97,6 +100,12 @@ def export_one(src: Path, dst: Path, *, role: str, dtype: str, max_context: int 
         for case, d in parity.items():
             print(f"[{role}]   {case:8s} max|diff| {d['max_abs_diff']:.2e}  relative {d['max_rel_diff']:.2e}",
                   file=sys.stderr)
+    bound = PARITY_BOUND.get(dtype)
+    worst = max(d["max_rel_diff"] for d in parity.values())
+    if bound is not None and worst > bound:
+        raise ExportError(f"{role}: ONNX Runtime and PyTorch disagree (max relative logit difference {worst:.2e} "
+                          f"> {bound:g} for {dtype}); the graph is wrong for this model -- please report it "
+                          f"(parity: {parity})")
     for name in ("config.json", "generation_config.json"):
         if (src / name).is_file():
             shutil.copy2(src / name, dst / name)
@@ -115,14 +124,24 @@ def staged(out: Path, *, overwrite: bool):
     out = Path(out)
     if out.exists() and not overwrite:
         raise ExportError(f"{out} already exists; pass --overwrite to replace it")
+    if out.exists() and not (out / MANIFEST).is_file() and (not out.is_dir() or any(out.iterdir())):
+        raise ExportError(f"{out} exists and is not a bundle (no {MANIFEST}); --overwrite only replaces "
+                          f"bundles -- choose another --out")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o777 & ~umask)          # mkdtemp makes it 0700; a bundle is read by other users too
     try:
         yield tmp
         if out.exists():
             old = out.with_name(f".{out.name}.old-{tmp.name[-8:]}")
             out.rename(old)
-            tmp.rename(out)
+            try:
+                tmp.rename(out)
+            except OSError:
+                old.rename(out)
+                raise
             shutil.rmtree(old, ignore_errors=True)
         else:
             tmp.rename(out)

@@ -49,25 +49,35 @@ def check_weights(folder: Path, *, allow_pickle: bool) -> bool:
     raise ExportError(f"{folder} has no weights (*.safetensors)")
 
 
+def load_config(folder: Path):
+    from transformers import AutoConfig
+    try:
+        return AutoConfig.from_pretrained(folder, local_files_only=True)
+    except Exception as e:  # each config class validates with its own code: any error means a bad file
+        raise ExportError(f"transformers cannot read {folder}/config.json: {type(e).__name__}: {e}") from e
+
+
 def check_source(folder: Path, *, dtype: str, max_context: int | None, allow_pickle: bool) -> dict:
     """Everything that can be refused about one model before any heavy work; returns its dims."""
-    from types import SimpleNamespace
-
     model_type, arch = arch_of(folder)
     check_weights(folder, allow_pickle=allow_pickle)
     if dtype not in DTYPES:
         raise ExportError(f"--dtype {dtype!r} is not supported; use one of {', '.join(DTYPES)}")
-    config = SimpleNamespace(**read_config(folder))
-    dims = arch.dims(config)
+    config = load_config(folder)
+    try:
+        dims = arch.dims(config)
+    except (AttributeError, TypeError, ZeroDivisionError) as e:
+        raise ExportError(f"{folder}/config.json lacks a field the {model_type} export needs: {e}") from e
     limit = dims.pop("max_positions")
-    max_context = max_context or min(limit, 4096)
+    if max_context is None:
+        max_context = min(limit, 4096)
     if max_context > limit:
         raise ExportError(f"--max-context {max_context} exceeds the model's position limit of {limit}; "
                           f"pass --max-context {limit} or less")
     if max_context < 2:
         raise ExportError(f"--max-context must be at least 2, got {max_context}")
     window = getattr(config, "sliding_window", None) if arch.sliding_window else None
-    uses_window = window and (model_type != "qwen2" or getattr(config, "use_sliding_window", False))
+    uses_window = window and getattr(config, "use_sliding_window", True)   # Qwen: off unless set
     if uses_window and max_context > window:
         raise ExportError(f"{folder} uses sliding-window attention ({window} tokens), which the exported "
                           f"full KV cache does not model; pass --max-context {window} or less")
@@ -77,12 +87,12 @@ def check_source(folder: Path, *, dtype: str, max_context: int | None, allow_pic
 def load_model(folder: Path, *, dtype: str, max_context: int | None, allow_pickle: bool):
     """Load the model in `dtype` (fp32|fp16) whatever the stored dtype; return (model, dims)."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
     dims = check_source(folder, dtype=dtype, max_context=max_context, allow_pickle=allow_pickle)
-    config = AutoConfig.from_pretrained(folder, local_files_only=True)
+    config = load_config(folder)
     if getattr(config, "sliding_window", None) and REGISTRY[dims["model_type"]].sliding_window:
         # Within the window, sliding attention is full attention; this keeps every position in the cache.
         config.sliding_window = None

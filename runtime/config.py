@@ -18,9 +18,12 @@ class SamplingParams:
     repetition_penalty: float = 1.0   # 1 = off (CTRL-style: positive logits divided, negative multiplied)
 
     def __post_init__(self):
+        for name in ("temperature", "top_p", "repetition_penalty"):
+            if isinstance(getattr(self, name), bool) or not isinstance(getattr(self, name), (int, float)):
+                raise ConfigError(f"{name} must be a number, got {getattr(self, name)!r}")
         if not self.temperature >= 0:
             raise ConfigError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
-        if not (isinstance(self.top_k, int) and self.top_k >= 0):
+        if isinstance(self.top_k, bool) or not (isinstance(self.top_k, int) and self.top_k >= 0):
             raise ConfigError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k}")
         if not 0 < self.top_p <= 1:
             raise ConfigError(f"top_p must be in (0, 1] (1 = off), got {self.top_p}")
@@ -48,6 +51,9 @@ class GenerationConfig:
             raise ConfigError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens}")
         if not (isinstance(self.k, int) and self.k >= 1):
             raise ConfigError(f"k (draft tokens per round) must be an integer >= 1, got {self.k}")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)
+                                      or self.seed < 0):
+            raise ConfigError(f"seed must be an integer >= 0 (or None), got {self.seed!r}")
         if not (isinstance(self.prefill_chunk, int) and self.prefill_chunk >= 1):
             raise ConfigError(f"prefill_chunk must be an integer >= 1, got {self.prefill_chunk}")
         if isinstance(self.stop, str) or any(not isinstance(s, str) or not s for s in self.stop):
@@ -77,7 +83,10 @@ def load_toml(path: str | Path) -> GenerationConfig:
         data = tomllib.loads(path.read_text())
     except (OSError, tomllib.TOMLDecodeError) as e:
         raise ConfigError(f"cannot read generation config {path}: {e}") from e
-    flat = {**data.pop("sampling", {}), **data}
-    if "stop" in flat:
+    sampling = data.pop("sampling", {})
+    if not isinstance(sampling, dict):
+        raise ConfigError(f"{path}: [sampling] must be a table, got {sampling!r}")
+    flat = {**sampling, **data}
+    if isinstance(flat.get("stop"), list):     # a bare string stays a string, which is refused
         flat["stop"] = tuple(flat["stop"])
     return GenerationConfig().updated(**flat)

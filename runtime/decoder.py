@@ -97,7 +97,11 @@ class SpeculativeDecoder:
 
         path = Path(path)
         m = Manifest.load(path)
-        tokenizer = Tokenizer.from_file(str(path / m.tokenizer))
+        try:
+            tokenizer = Tokenizer.from_file(str(path / m.tokenizer))
+        except Exception as e:  # tokenizers raises its own exception type for a malformed file
+            raise BundleError(f"cannot read the bundle's tokenizer {path / m.tokenizer} ({e}); re-export "
+                              f"the bundle") from e
         if tokenizer.get_vocab_size(with_added_tokens=True) > m.vocab_size:
             raise BundleError(f"bundle tokenizer has {tokenizer.get_vocab_size()} tokens, more than the "
                               f"manifest's shared vocab {m.vocab_size}; re-export the bundle")
@@ -133,10 +137,11 @@ class SpeculativeDecoder:
         if cfg.speculative and self.draft is not None and cfg.k > self.max_draft_tokens:
             raise ConfigError(f"k={cfg.k} exceeds the bundle's max draft tokens ({self.max_draft_tokens}); "
                               f"use k <= {self.max_draft_tokens} or re-export with --max-draft-tokens {cfg.k}")
-        ids = self._encode(prompt)
+        ids = self.encode(prompt)
         return Stream(self._decode(ids, cfg))
 
-    def _encode(self, prompt) -> list[int]:
+    def encode(self, prompt) -> list[int]:
+        """Prompt (text or ids) -> checked token ids; ConfigError names what is wrong."""
         if isinstance(prompt, str):
             if not prompt:
                 raise ConfigError("the prompt is empty; give at least one character")
@@ -162,7 +167,7 @@ class SpeculativeDecoder:
         rng = np.random.default_rng(cfg.seed)
         text = TextStream(self.tokenizer, cfg.stop)
         t0 = time.perf_counter()
-        for e in engines:       # invariant: caches hold every committed token but the last
+        for e in engines:       # invariant: caches hold committed tokens only, never the last one
             e.truncate(0)
             for s in range(0, len(ids) - 1, cfg.prefill_chunk):
                 e.run(np.asarray(ids[s:min(s + cfg.prefill_chunk, len(ids) - 1)]))
@@ -180,14 +185,15 @@ class SpeculativeDecoder:
             eos_at = next((i for i, t in enumerate(new) if t in eos), None)
             if eos_at is not None:
                 new, finish = new[:eos_at + 1], "eos"
+            shown = len(text.ids)
+            piece = text.push(new if finish is None else new[:-1])
+            if text.stopped:       # the tokens after the one completing the stop string were never said
+                new, finish = new[:len(text.ids) - shown], "stop"
             tokens += new
             stats.new_tokens += len(new)
-            if finish == "eos":    # drop what the caches hold beyond the EOS
+            if finish:             # drop what the caches hold beyond the last kept token
                 for e in engines:
                     e.truncate(min(e.length, len(tokens) - 1))
-            piece = text.push(new if finish is None else new[:-1])
-            if text.stopped:
-                finish = "stop"
             if piece:
                 yield piece
         stats.seconds_total = time.perf_counter() - t0

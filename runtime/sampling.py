@@ -48,11 +48,11 @@ def probs(logits: np.ndarray, params: SamplingParams, **prefix) -> np.ndarray:
         out = np.zeros_like(x)
         out[np.arange(n), x.argmax(axis=1)] = 1.0
         return out
-    x *= np.float32(1.0 / params.temperature)
     if 0 < params.top_k < vocab:
         kth = np.partition(x, vocab - params.top_k, axis=1)[:, vocab - params.top_k, None]
         x[x < kth] = -np.inf
-    x -= x.max(axis=1, keepdims=True)
+    x -= x.max(axis=1, keepdims=True)           # before scaling: a tiny temperature must not overflow
+    x /= np.float32(max(params.temperature, 1e-30))   # below that, float32 would divide by zero
     np.exp(x, out=x)
     x /= x.sum(axis=1, keepdims=True)
     if params.top_p < 1.0:

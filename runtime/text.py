@@ -30,9 +30,18 @@ class TextStream:
         if hits:
             self.text = self.text[:min(hits)]
             self.stopped = True
+            self.ids = self._ids_through_stop(len(self.ids) - len(ids))
             return self._emit(len(self.text))
         safe = len(self.text.rstrip(REPLACEMENT)) - self.hold
         return self._emit(safe)
+
+    def _ids_through_stop(self, known: int) -> list[int]:
+        """The fewest ids whose text holds a stop string (the first `known` ids do not)."""
+        for j in range(known + 1, len(self.ids) + 1):
+            text = self.tokenizer.decode(self.ids[:j], skip_special_tokens=True)
+            if any(s in text for s in self.stop):
+                return self.ids[:j]
+        return self.ids
 
     def flush(self) -> str:
         """At the end of generation: whatever is left (incomplete bytes stay as U+FFFD)."""

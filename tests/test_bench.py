@@ -36,3 +36,12 @@ def test_bench_refuses_k_beyond_bundle(pair_bundles, tmp_path, capsys):
     prompts.write_text('{"prompt": "x"}\n')
     assert bench_main([str(pair_bundles["agree"]), "--prompts", str(prompts), "--ks", "9"]) == 2
     assert "max draft tokens" in capsys.readouterr().err
+
+
+def test_bench_refuses_bad_prompt_files(pair_bundles, tmp_path, capsys):
+    bad = tmp_path / "bad.jsonl"
+    for text, msg in [('{"text": "x"}\n', "must be a JSON object with a 'prompt'"), ("", "holds no prompts")]:
+        bad.write_text(text)
+        assert bench_main([str(pair_bundles["agree"]), "--prompts", str(bad), "--quick"]) == 2
+        assert msg in capsys.readouterr().err
+    assert bench_main([str(pair_bundles["agree"]), "--prompts", str(bad), "--repeats", "0"]) == 2

@@ -206,3 +206,41 @@ def test_genai_builder_graphs_run_in_our_runtime(tmp_path, llama_target, llama_d
 def test_int4_needs_the_genai_builder(tmp_path, llama_target):
     with pytest.raises(ExportError, match="--builder genai"):
         export_bundle(target=llama_target, draft=None, out=tmp_path / "b", dtype="int4", quiet=True)
+
+
+def test_overwrite_never_deletes_a_folder_that_is_not_a_bundle(tmp_path, llama_target):
+    precious = tmp_path / "models"
+    precious.mkdir()
+    (precious / "notes.txt").write_text("keep me")
+    with pytest.raises(ExportError, match="not a bundle"):
+        export_bundle(target=llama_target, draft=None, out=precious, overwrite=True, quiet=True)
+    assert (precious / "notes.txt").read_text() == "keep me"
+
+
+def test_bundle_is_readable_by_others_and_config_errors_are_clear(tmp_path, llama_target):
+    import os
+    import stat
+    out = tmp_path / "b"
+    old = os.umask(0o022)
+    try:
+        export_bundle(target=llama_target, draft=None, out=out, k=2, max_context=64, quiet=True)
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(out.stat().st_mode) == 0o755
+    broken = tmp_path / "broken"
+    shutil.copytree(llama_target, broken)
+    cfg = json.loads((broken / "config.json").read_text())
+    cfg["num_attention_heads"] = 0
+    (broken / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ExportError):
+        export_bundle(target=broken, draft=None, out=tmp_path / "c", quiet=True)
+
+
+def test_vocab_check_with_id_gaps():
+    from specedge.export.bundle import check_vocab
+
+    def tok(vocab):
+        from tokenizers import Tokenizer, models
+        return Tokenizer(models.WordLevel(vocab=vocab, unk_token="a")).to_str()
+    with pytest.raises(ExportError, match="first difference at id 5"):
+        check_vocab(tok({"a": 0, "b": 5}), tok({"a": 0, "c": 5}))

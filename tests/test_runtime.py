@@ -238,3 +238,36 @@ def test_toml_config_and_flags_map_onto_one_dataclass(pair_bundles, tmp_path, ca
     cfg_file.write_text("colour = 1\n")
     with pytest.raises(ConfigError, match="unknown"):
         load_toml(cfg_file)
+
+
+def test_stop_string_trims_ids_the_same_way_for_every_k(decoders):
+    """Tokens after the one completing a stop string are dropped: same ids whatever k."""
+    dec = decoders["agree"]
+    full = dec.generate("def add(a, b):", max_new_tokens=40)
+    at = next(i for i in range(5, len(full.text) - 3) if "\ufffd" not in full.text[i:i + 3]
+              and full.text.find(full.text[i:i + 3]) == i)
+    stop = [full.text[at:at + 3]]
+    plain = dec.generate("def add(a, b):", max_new_tokens=40, stop=stop, speculative=False)
+    for k in (2, 6, 8):
+        spec = dec.generate("def add(a, b):", max_new_tokens=40, stop=stop, k=k)
+        assert spec.finish_reason == plain.finish_reason == "stop"
+        assert spec.token_ids == plain.token_ids and spec.stats.new_tokens == len(plain.token_ids)
+
+
+def test_more_bad_parameters(decoders, pair_bundles, tmp_path):
+    from specedge.runtime import SamplingParams, probs
+    from specedge.runtime.config import load_toml
+    dec = decoders["agree"]
+    for kwargs, match in [({"seed": -1}, "seed"), ({"temperature": "0.7"}, "temperature must be a number"),
+                          ({"top_k": True}, "top_k")]:
+        with pytest.raises(ConfigError, match=match):
+            dec.generate("x", **kwargs)
+    (tmp_path / "s.toml").write_text('stop = "###"\n')
+    with pytest.raises(ConfigError, match="stop must be a sequence"):
+        load_toml(tmp_path / "s.toml")
+    tiny_t = probs(np.array([[1.0, 3.0, 2.0]], np.float32), SamplingParams(temperature=1e-40))
+    assert np.array_equal(tiny_t, [[0.0, 1.0, 0.0]])
+    b = _bundle_copy(pair_bundles["agree"], tmp_path / "tok")
+    (b / "tokenizer.json").write_text("{not json")
+    with pytest.raises(BundleError, match="tokenizer"):
+        SpeculativeDecoder.from_bundle(b)
