@@ -107,6 +107,9 @@ class OrtEngine:
         self.has_position_ids = "position_ids" in inputs
         logits_dim = self.session.get_outputs()[outputs.index("logits")].shape[-1]
         self.vocab_size = int(vocab_size or logits_dim)
+        if isinstance(logits_dim, int) and logits_dim < self.vocab_size:
+            raise EngineError(f"{path}: logits have {logits_dim} entries, fewer than the vocab of "
+                              f"{self.vocab_size}; re-export the bundle")
         self.max_context = int(max_context)
         self.providers = self.session.get_providers()
         self._ones = np.ones((1, 256), dtype=np.int64)

@@ -75,7 +75,8 @@ class Stream:
         self.result: Result | None = None
 
     def __iter__(self) -> Iterator[str]:
-        self.result = yield from self._gen
+        if self.result is None:            # a finished stream iterates as empty, keeping its result
+            self.result = yield from self._gen
 
 
 class SpeculativeDecoder:
