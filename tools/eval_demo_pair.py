@@ -402,7 +402,7 @@ def card(fig: dict) -> str:
     lines += ["", "Steps and tokens are the last entry of each folder's `training_log.json` (the checkpoint's "
               "training state at packaging).", "",
               f"- **Objective**: next-token cross-entropy, context {tm.CONTEXT}, batch 8 x {tm.CONTEXT} tokens, "
-              f"seed {tm.SEED}, bf16 autocast with fp32 master weights (the first 1.2 M target tokens ran in "
+              f"seed {tm.SEED}, bf16 autocast with fp32 master weights (the first 3.2 M target and 0.7 M draft tokens of this run were "
               "fp32). The draft is trained from scratch on the same batches with "
               "0.3 x cross-entropy + 0.7 x KL(target || draft) to the frozen target's distribution (distillation).",
               "- **Optimizer**: AdamW, betas (0.9, 0.95), weight decay 0.1, gradient clipping 1.0; "
