@@ -27,6 +27,7 @@ import hashlib
 import json
 import math
 import os
+import signal
 import sysconfig
 import time
 from pathlib import Path
@@ -219,10 +220,13 @@ def train(kind: str, work: Path, args) -> None:
         teacher.load_state_dict(torch.load(work / "target.pt", map_location=dev, weights_only=False)["model"])
         teacher.eval().requires_grad_(False)
     data = [stdlib_train_tokens(work), np.fromfile(work / "train.bin", dtype=np.uint16)]
+    stop = []       # SIGTERM / SIGINT (a session ending) -> save a checkpoint, then exit
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.append(True))
     t_end = time.time() + 60 * args.minutes
     t_save = time.time()
     t0 = time.time()
-    while time.time() < t_end:
+    while time.time() < t_end and not stop:
         cd = state["cooldown"]
         if cd is not None and state["step"] >= cd[0] + cd[1]:
             break
