@@ -27,6 +27,7 @@ import hashlib
 import json
 import math
 import os
+import shutil
 import signal
 import sysconfig
 import time
@@ -303,8 +304,6 @@ def held_out_prompts(work: Path, *, n_function: int = 60, n_edit: int = 24) -> l
 
 def package(work: Path, out: Path) -> None:
     """Write both models as Hugging Face folders (fp16 safetensors) plus tokenizer and prompts."""
-    import shutil
-
     import torch
     from transformers import GenerationConfig
 
@@ -326,9 +325,33 @@ def package(work: Path, out: Path) -> None:
     print(f"wrote {out}/target, {out}/draft, {out}/prompts.jsonl")
 
 
+def pack(work: Path, out: Path) -> None:
+    """Everything a GPU machine needs to train the pair, under the device tool's 64 MiB: the token
+    files xz-compressed (~4x), the tokenizer and data.json. Held-out prompts stay here (they read
+    this machine's stdlib), so `package` runs here on the weights that come back."""
+    import lzma
+    out.mkdir(parents=True, exist_ok=True)
+    for name in ("train.bin", "train_stdlib.bin", "heldout.bin"):
+        with open(work / name, "rb") as src, lzma.open(out / f"{name}.xz", "wb", preset=6) as dst:
+            shutil.copyfileobj(src, dst, 1 << 24)
+    for name in ("tokenizer.json", "data.json"):
+        shutil.copy2(work / name, out / name)
+    print(f"packed {out}: {sum(f.stat().st_size for f in out.iterdir()) / 1e6:.1f} MB")
+
+
+def slim(work: Path, out: Path) -> None:
+    """fp16 weights + training state of both checkpoints (no optimizer): what a device run returns."""
+    import torch
+    out.mkdir(parents=True, exist_ok=True)
+    for kind in ("target", "draft"):
+        saved = torch.load(work / f"{kind}.pt", map_location="cpu", weights_only=False)
+        model = {k: v.half() for k, v in saved["model"].items()}
+        torch.save({"model": model, "state": saved["state"]}, out / f"{kind}.pt")
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("phase", choices=["data", "target", "draft", "cooldown", "package"])
+    ap.add_argument("phase", choices=["data", "target", "draft", "cooldown", "package", "pack", "slim"])
     ap.add_argument("--work", type=Path, default=Path.home() / ".cache" / "specedge" / "demo")
     ap.add_argument("--minutes", type=float, default=60.0)
     ap.add_argument("--threads", type=int, default=1)
@@ -344,6 +367,10 @@ def main(argv=None) -> None:
         train(args.phase, args.work, args)
     elif args.phase == "cooldown":
         train(args.model, args.work, args)
+    elif args.phase == "pack":
+        pack(args.work, args.out)
+    elif args.phase == "slim":
+        slim(args.work, args.out)
     else:
         package(args.work, args.out)
 
