@@ -271,3 +271,28 @@ def test_more_bad_parameters(decoders, pair_bundles, tmp_path):
     (b / "tokenizer.json").write_text("{not json")
     with pytest.raises(BundleError, match="tokenizer"):
         SpeculativeDecoder.from_bundle(b)
+
+
+@pytest.mark.parametrize("kind", ["bytelevel", "metaspace"])
+def test_incremental_text_equals_full_decode(kind):
+    """Whatever the chunking, the streamed text is the full decode (ByteLevel and SentencePiece-style)."""
+    from tokenizers import Tokenizer, decoders, models
+    if kind == "bytelevel":
+        from specedge.export.tiny import byte_tokenizer_json
+        tok = Tokenizer.from_str(byte_tokenizer_json())
+        ids = list("héllo wörld € 🙂 ok\n    x = 1".encode())
+    else:
+        words = ["▁def", "▁f", "(x", "):", "▁return", "▁x", "▁+", "▁1", "é", "▁"]
+        tok = Tokenizer(models.WordLevel(vocab={w: i for i, w in enumerate(words)}, unk_token="▁"))
+        tok.decoder = decoders.Metaspace()
+        ids = list(np.random.default_rng(1).integers(0, len(words), size=60))
+    full = tok.decode(ids, skip_special_tokens=True)
+    for seed in range(5):
+        rng = np.random.default_rng(seed)
+        ts, pieces, i = TextStream(tok), [], 0
+        while i < len(ids):
+            n = int(rng.integers(1, 6))
+            pieces.append(ts.push(ids[i:i + n]))
+            i += n
+        pieces.append(ts.flush())
+        assert "".join(pieces) == ts.text == full
