@@ -65,10 +65,10 @@ def _top_p(row: np.ndarray, top_p: float) -> None:
     """Keep the smallest set of most likely tokens whose mass reaches top_p (the token crossing it
     included) and renormalise, in place. Sorts only the top 256 (or 4096) candidates when they hold
     that mass: a full sort of a 150k vocabulary per verified position would dominate the round."""
-    idx = np.arange(len(row))
+    idx = np.flatnonzero(row)        # zero-probability tokens are never kept (and tie up argpartition)
     for m in (256, 4096):
-        if len(row) > m:
-            top = np.argpartition(row, len(row) - m)[-m:]
+        if len(idx) > m:
+            top = idx[np.argpartition(row[idx], len(idx) - m)[-m:]]
             if row[top].sum() >= top_p:
                 idx = top
                 break
