@@ -56,6 +56,10 @@ def main(argv: list[str] | None = None) -> int:
     except ExportError as e:
         print(f"spec-export: error: {e}", file=sys.stderr)
         return 2
+    except ImportError as e:
+        print(f"spec-export: error: {e.name or e} is not installed; the export needs "
+              f"pip install 'specedge[export]' (torch, transformers, onnx, onnxscript)", file=sys.stderr)
+        return 2
     return 0
 
 

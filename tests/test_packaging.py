@@ -81,3 +81,10 @@ def test_wheel_installs_and_runs_in_a_fresh_venv_without_torch(tmp_path, pair_bu
                           "--max-new-tokens", "6", "--json"], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     assert len(json.loads(run.stdout)["token_ids"]) == 6
+    for script in ("spec-bench", "spec-export"):      # installed; spec-export says it needs [export]
+        help_run = subprocess.run([str(env_dir / "bin" / script), "--help"], capture_output=True, text=True,
+                                  timeout=120)
+        assert help_run.returncode == 0 and "usage" in help_run.stdout, help_run.stderr
+    no_torch = subprocess.run([str(env_dir / "bin" / "spec-export"), "model", str(tmp_path), "--out",
+                               str(tmp_path / "o")], capture_output=True, text=True, timeout=120)
+    assert no_torch.returncode == 2 and "specedge[export]" in no_torch.stderr, no_torch.stderr
