@@ -61,7 +61,8 @@ def measure(dec, prompts: list[str], *, ks, sampling: dict, max_new_tokens: int,
         gen(prompts[0], k, 0)
     per_rep = {name: [] for name, _ in variants}
     agg = {name: {"drafted": 0, "accepted": 0, "evaluated": 0, "target_calls": 0, "tokens": 0,
-                  "seconds_draft": 0.0, "seconds_target": 0.0, "seconds": 0.0} for name, _ in variants}
+                  "seconds_draft": 0.0, "seconds_target": 0.0, "seconds_host": 0.0, "seconds": 0.0}
+           for name, _ in variants}
     for rep in range(repeats):
         tokens = {name: 0 for name in per_rep}
         seconds = {name: 0.0 for name in per_rep}
@@ -74,7 +75,8 @@ def measure(dec, prompts: list[str], *, ks, sampling: dict, max_new_tokens: int,
                 s, a = res.stats, agg[name]
                 tokens[name] += s.new_tokens
                 seconds[name] += dt
-                for key in ("drafted", "accepted", "evaluated", "target_calls", "seconds_draft", "seconds_target"):
+                for key in ("drafted", "accepted", "evaluated", "target_calls", "seconds_draft", "seconds_target",
+                            "seconds_host"):
                     a[key] += getattr(s, key)
                 a["tokens"] += s.new_tokens
                 a["seconds"] += dt
@@ -87,9 +89,10 @@ def measure(dec, prompts: list[str], *, ks, sampling: dict, max_new_tokens: int,
                      "alpha": a["accepted"] / a["evaluated"] if a["evaluated"] else None,
                      "acceptance_rate": a["accepted"] / a["drafted"] if a["drafted"] else None,
                      "tokens_per_target_call": a["tokens"] / a["target_calls"],
-                     "host_fraction": max(0.0, 1 - (a["seconds_draft"] + a["seconds_target"]) / a["seconds"]),
-                     "host_ms_per_round": 1e3 * max(0.0, a["seconds"] - a["seconds_draft"] - a["seconds_target"])
-                     / a["target_calls"]}
+                     # host = decode-phase time outside the engines (prefill excluded): the loop's own cost
+                     "host_fraction": a["seconds_host"] / max(1e-12, a["seconds_host"] + a["seconds_draft"]
+                                                              + a["seconds_target"]),
+                     "host_ms_per_round": 1e3 * a["seconds_host"] / a["target_calls"]}
     return out
 
 
