@@ -117,12 +117,17 @@ def variants():
         def truncate(self, length):
             self._len = length
 
-        def run(self, ids):
+        def _begin(self, ids):
+            """Shared by every variant: ids [1, n], past length, total length (mask grown to fit)."""
             ids = np.asarray(ids, dtype=np.int64).reshape(1, -1)
-            past, n = self._len, ids.shape[1]
-            total = past + n
+            past = self._len
+            total = past + ids.shape[1]
             if self._ones.shape[1] < total:
                 self._ones = np.ones((1, 2 * total), dtype=np.int64)
+            return ids, past, total
+
+        def run(self, ids):
+            ids, past, total = self._begin(ids)
             cache = self._cache
             if cache[0].shape[2] != past:
                 cache = [np.ascontiguousarray(a[:, :, :past]) for a in cache]
@@ -153,11 +158,7 @@ def variants():
                     for v in self._past]
 
         def run(self, ids):
-            ids = np.asarray(ids, dtype=np.int64).reshape(1, -1)
-            past, n = self._len, ids.shape[1]
-            total = past + n
-            if self._ones.shape[1] < total:
-                self._ones = np.ones((1, 2 * total), dtype=np.int64)
+            ids, past, total = self._begin(ids)
             if self._past[0].shape()[2] != past:
                 self._past = self._rollback(past)
             io = self._io
@@ -194,11 +195,7 @@ def variants():
 
         def run(self, ids):
             ort = self._ort
-            ids = np.asarray(ids, dtype=np.int64).reshape(1, -1)
-            past, n = self._len, ids.shape[1]
-            total = past + n
-            if self._ones.shape[1] < total:
-                self._ones = np.ones((1, 2 * total), dtype=np.int64)
+            ids, past, total = self._begin(ids)
             if self._past[0].shape()[2] != past:
                 self._past = self._rollback(past)
             feed = dict(zip(self.past_names, self._past))
