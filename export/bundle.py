@@ -194,9 +194,7 @@ def export_bundle(*, target: Path, draft: Path | None, out: Path, dtype: str = "
         raise ExportError(f"the tokenizer has {tok_size} tokens but a model's logits only {shared}; "
                           f"the tokenizer does not belong to these models")
     eos_ids, generation = generation_defaults(sources["target"])
-    if Path(out).exists() and not overwrite:
-        raise ExportError(f"{out} already exists; pass --overwrite to replace it")
-    with staged(Path(out), overwrite=overwrite) as tmp:
+    with staged(Path(out), overwrite=overwrite) as tmp:     # refuses an existing --out before any work
         models = {role: export_one(src, tmp / role, role=role, dtype=dtype, max_context=max_context, k=k,
                                    allow_pickle=allow_pickle, opset=opset, builder=builder, quiet=quiet)
                   for role, src in sources.items()}
