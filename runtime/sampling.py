@@ -81,10 +81,32 @@ def _top_p(row: np.ndarray, top_p: float) -> None:
     row[keep] = kept
 
 
+_BLOCK = 128
+
+
 def sample(dist: np.ndarray, rng: np.random.Generator) -> int:
-    """One draw from a probability vector [vocab] by inverse CDF (one uniform per draw)."""
-    cdf = np.cumsum(dist, dtype=np.float64)
-    return int(min(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"), len(dist) - 1))
+    """One draw from a probability vector [vocab] by inverse CDF (one uniform per draw).
+
+    Two-level: block sums, then the CDF inside the chosen block. np.cumsum is not vectorised
+    (~4 ns a token: 37 us for 8k tokens, the largest host cost of a sampled round); this reads the
+    vector once at SIMD speed and accumulates only ~vocab/128 + 128 terms. Exact in the same sense as
+    a full float64 CDF; a zero-probability token is never returned."""
+    u = rng.random()
+    blocks = -(-len(dist) // _BLOCK)
+    w = np.zeros(blocks * _BLOCK)                # float64; the zero padding is never drawn
+    w[:len(dist)] = dist
+    w = w.reshape(blocks, _BLOCK)                # [blocks, 128]
+    sums = w.sum(axis=1)                         # [blocks]
+    cdf = np.cumsum(sums)
+    x = u * cdf[-1]
+    b = int(np.searchsorted(cdf, x, side="right"))
+    if b >= blocks or sums[b] <= 0:              # u * total rounded up to the total
+        b = int(np.flatnonzero(sums)[-1])
+    x -= cdf[b - 1] if b else 0.0
+    j = int(np.searchsorted(np.cumsum(w[b]), x, side="right"))
+    if j >= _BLOCK or w[b, j] <= 0:              # rounding between the block's sum and its cumsum
+        j = int(np.flatnonzero(w[b])[-1])
+    return b * _BLOCK + j
 
 
 def accept(draft_tokens, q: np.ndarray, p: np.ndarray, rng: np.random.Generator) -> tuple[list[int], int]:

@@ -51,7 +51,7 @@ UNIT_CASES = _unit_cases()
 E2E_CASES = {"spec-T1": (True, SamplingParams(temperature=1.0)),
              "plain-T1": (False, SamplingParams(temperature=1.0)),
              "spec-warped": (True, SamplingParams(temperature=0.8, top_k=6, repetition_penalty=1.3))}
-N_CHI2 = 2 * len(UNIT_CASES) + len(E2E_CASES)     # each unit case checks two laws
+N_CHI2 = 2 * len(UNIT_CASES) + len(E2E_CASES) + 1  # each unit case checks two laws; + sample()
 FAMILY_ALPHA = 1e-6
 ALPHA = FAMILY_ALPHA / N_CHI2
 
@@ -101,6 +101,24 @@ def output_law(q, p) -> dict:
             if pr > 0:
                 law[xs] = float(pr)
     return law
+
+
+def test_sample_is_exact_across_blocks():
+    """sample() draws through 128-token blocks: a law spread over full, empty and ragged blocks (400
+    tokens: 3 x 128 + 16), with zero cells inside blocks, must come out exact."""
+    rng = np.random.default_rng(7)
+    law = rng.random(400) * (rng.random(400) < 0.6)
+    law[:128] = 0.0                                # a whole empty block before any mass
+    law[256:384] = 0.0                             # and one between
+    law[399] = 0.05                                # the last token of the ragged block
+    law = (law / law.sum()).astype(np.float32)
+    seen = Counter(sample(law, rng) for _ in range(100_000))
+    exact = law.astype(np.float64) / law.astype(np.float64).sum()
+    assert chi2_test({x: float(exact[x]) for x in range(400)}, seen, "sample over blocks") > ALPHA
+    for n, pos in [(1, 0), (128, 127), (129, 128), (8192, 0), (8192, 8191)]:   # point masses at block edges
+        point = np.zeros(n, np.float32)
+        point[pos] = 1.0
+        assert {sample(point, rng) for _ in range(50)} == {pos}
 
 
 def accept_wrong(draft_tokens, q, p, rng):
