@@ -402,9 +402,11 @@ def card(fig: dict) -> str:
     lines += ["", "Steps and tokens are the last entry of each folder's `training_log.json` (the checkpoint's "
               "training state at packaging).", "",
               f"- **Objective**: next-token cross-entropy, context {tm.CONTEXT}, batch 8 x {tm.CONTEXT} tokens, "
-              f"seed {tm.SEED}, bf16 autocast with fp32 master weights (the first 3.2 M target and 0.7 M draft tokens of this run were "
-              "fp32). The draft is trained from scratch on the same batches with "
-              "0.3 x cross-entropy + 0.7 x KL(target || draft) to the frozen target's distribution (distillation).",
+              f"seed {tm.SEED}, bf16 autocast with fp32 master weights (the first 3.2 M target tokens of this run were "
+              "fp32). The draft is trained after the target, on the same kind of batches, with "
+              "0.1 x cross-entropy + 0.9 x KL(target || draft) to the frozen target's distribution (distillation); "
+              "its tied embedding starts as the target's projected onto its top 128 principal directions (SVD), "
+              "its other weights at random.",
               "- **Optimizer**: AdamW, betas (0.9, 0.95), weight decay 0.1, gradient clipping 1.0; "
               "peak LR 2e-3 (target) / 3e-3 (draft).",
               "- **Schedule**: warm-up / stable / decay: linear warm-up over 200 steps, then constant LR for an "

@@ -323,15 +323,18 @@ def held_out_prompts(work: Path, *, n_function: int = 60, n_edit: int = 24) -> l
 
 
 def package(work: Path, out: Path) -> None:
-    """Write both models as Hugging Face folders (fp16 safetensors) plus tokenizer and prompts."""
+    """Write both models as Hugging Face folders (fp16 safetensors) plus tokenizer and prompts, into a
+    temporary folder renamed over `out` at the end: an interrupted run leaves the old pair whole."""
     import torch
     from transformers import GenerationConfig
 
+    stage = out.with_name(out.name + ".partial")
+    shutil.rmtree(stage, ignore_errors=True)
     for kind in ("target", "draft"):
         model = build(kind)
         saved = torch.load(work / f"{kind}.pt", map_location="cpu", weights_only=False)
         model.load_state_dict(saved["model"])
-        dst = out / kind
+        dst = stage / kind
         model.half().save_pretrained(dst, safe_serialization=True)
         GenerationConfig(eos_token_id=0, pad_token_id=1, do_sample=False).save_pretrained(dst)
         shutil.copy2(work / "tokenizer.json", dst / "tokenizer.json")
@@ -339,9 +342,19 @@ def package(work: Path, out: Path) -> None:
             {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": SPECIALS[0], "pad_token": SPECIALS[1],
              "model_max_length": 1024}, indent=1))
         (dst / "training_log.json").write_text(json.dumps(saved["state"]["log"], indent=1))
-    with open(out / "prompts.jsonl", "w") as f:
+    with open(stage / "prompts.jsonl", "w") as f:
         for p in held_out_prompts(work):
             f.write(json.dumps(p) + "\n")
+    for name in ("target", "draft", "prompts.jsonl"):     # keep anything else in out/ (the model card)
+        old = out / name
+        if old.is_dir():
+            shutil.rmtree(old)
+        elif old.exists():
+            old.unlink()
+    out.mkdir(parents=True, exist_ok=True)
+    for name in ("target", "draft", "prompts.jsonl"):
+        os.replace(stage / name, out / name)
+    stage.rmdir()
     print(f"wrote {out}/target, {out}/draft, {out}/prompts.jsonl")
 
 
