@@ -97,6 +97,12 @@ def table(result: dict) -> str:
         r = result[mode]
         rows.append(f"| {mode} | {r['plain_tps']:.1f} | {r['spec_tps']:.1f} | {r['best_k']} | {r['speedup']:.2f}x | "
                     f"{r['alpha']:.3f} | {r['c']:.3f} | {r['bound']:.2f}x | {r['efficiency']:.2f} |")
+    rows += ["", "| mode (best K) | host ms/round | c in the loop | r(K) in the loop | bound from in-loop costs |",
+             "|---|---|---|---|---|"]
+    for mode in MODES:
+        r = result[mode]
+        rows.append(f"| {mode} | {r['host_ms_per_round']:.3f} | {r['c_loop']:.3f} | {r['r_loop']:.2f} | "
+                    f"{r['bound_loop']:.2f}x |")
     peers = result.get("peers")
     if peers:
         rows += ["", "| mode | " + " | ".join(k for keys in PEER_KEYS.values() for k in keys) + " |",

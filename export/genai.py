@@ -28,6 +28,7 @@ def run_builder(src: Path, out: Path, *, precision: str, timeout: int = 3600) ->
                           "or pip install onnxruntime-genai")
     if precision not in PRECISIONS:
         raise ExportError(f"the genai builder takes --dtype {', '.join(PRECISIONS)}, not {precision!r}")
+    src, out = Path(src).resolve(), Path(out).resolve()    # the builder runs in a scratch cwd
     with tempfile.TemporaryDirectory(prefix="genai-build-") as scratch:
         cmd = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(src), "-o", str(out),
                "-p", PRECISIONS[precision], "-e", "cpu", "-c", str(Path(scratch) / "hf_cache")]

@@ -27,6 +27,9 @@ def test_quick_bench_writes_every_figure(pair_bundles, tmp_path, capsys):
             assert r[mode][key] is not None, (mode, key)
         assert r[mode]["best_k"] in (2, 4, 6) and 0 <= r[mode]["alpha"] <= 1
         assert r[mode]["speedup"] == pytest.approx(r[mode]["spec_tps"] / r[mode]["plain_tps"])
+        m = r[mode]
+        assert m["c_loop"] > 0 and m["r_loop"] > 0 and m["host_ms_per_round"] >= 0
+        assert m["bound_loop"] == pytest.approx(ours.leviathan_bound(m["alpha"], m["best_k"], m["r_loop"], m["c_loop"]))
     assert (tmp_path / "bench.png").stat().st_size > 10_000
     assert "| greedy |" in capsys.readouterr().out
 

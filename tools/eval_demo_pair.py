@@ -405,7 +405,8 @@ def card(fig: dict) -> str:
               f"seed {tm.SEED}, bf16 autocast with fp32 master weights (the first 3.2 M target tokens of this run were "
               "fp32). The draft is trained after the target, on the same kind of batches, with "
               "0.1 x cross-entropy + 0.9 x KL(target || draft) to the frozen target's distribution (distillation); "
-              "its tied embedding starts as the target's projected onto its top 128 principal directions (SVD), "
+              f"its tied embedding starts as the target's projected onto its top {tm.DRAFT['hidden_size']} principal "
+              "directions (SVD), "
               "its other weights at random.",
               "- **Optimizer**: AdamW, betas (0.9, 0.95), weight decay 0.1, gradient clipping 1.0; "
               "peak LR 2e-3 (target) / 3e-3 (draft).",

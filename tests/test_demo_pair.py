@@ -1,0 +1,84 @@
+"""The shipped demo pair (configs/demo.toml -> models/): a real HF pair, held-out prompts, exported by
+the same path as the README's main command, and a target that beats its draft on held-out code."""
+from __future__ import annotations
+
+import json
+import math
+import sys
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tools"))
+import demo  # noqa: E402  (tools/demo.py: the README's main job)
+
+
+@pytest.fixture(scope="module")
+def pair() -> dict:
+    cfg = demo.load_demo_config()
+    for key in ("target", "draft", "prompts"):
+        assert cfg[key].exists(), f"configs/demo.toml names {cfg[key]}, which is not in the checkout"
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def decoder(pair, tmp_path_factory):
+    from specedge.runtime import SpeculativeDecoder
+    bundle = tmp_path_factory.mktemp("demo") / "bundle"
+    demo.ensure_bundle(bundle, pair["target"], pair["draft"], pair["prompts"])
+    return SpeculativeDecoder.from_bundle(bundle, threads=1)
+
+
+def test_pair_is_a_standard_hf_pair(pair):
+    from safetensors import safe_open
+    from transformers import AutoConfig
+    sizes = {}
+    for role in ("target", "draft"):
+        cfg = AutoConfig.from_pretrained(pair[role])
+        assert cfg.model_type == "llama" and cfg.vocab_size == 8192
+        with safe_open(str(pair[role] / "model.safetensors"), "np") as f:
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+        assert {t.dtype for t in tensors.values()} == {np.dtype("float16")}
+        sizes[role] = sum(t.size for t in tensors.values())
+        assert (pair[role] / "tokenizer.json").is_file() and (pair[role] / "generation_config.json").is_file()
+    assert sizes["target"] * 4 > 32 * 2 ** 20            # fp32 weights beyond a 32 MB L3: memory-bound decode
+    assert sizes["draft"] * 5 < sizes["target"]
+    assert (pair["target"] / "tokenizer.json").read_bytes() == (pair["draft"] / "tokenizer.json").read_bytes()
+
+
+def test_held_out_prompts(pair):
+    rows = [json.loads(line) for line in pair["prompts"].read_text().splitlines() if line.strip()]
+    kinds = Counter(r["kind"] for r in rows)
+    assert kinds["function"] >= 50 and kinds["edit"] >= 20
+    assert all(r["prompt"].strip() and r.get("file") for r in rows)
+    assert len({r["prompt"] for r in rows}) == len(rows)
+
+
+def test_greedy_speculative_is_the_target_and_the_draft_helps(decoder, pair):
+    rows = [json.loads(line) for line in pair["prompts"].read_text().splitlines()[:4]]
+    drafted = accepted = 0
+    for r in rows:
+        spec = decoder.generate(r["prompt"], max_new_tokens=32, k=4, temperature=0.0, ignore_eos=True)
+        plain = decoder.generate(r["prompt"], max_new_tokens=32, temperature=0.0, speculative=False, ignore_eos=True)
+        assert spec.token_ids == plain.token_ids
+        drafted += spec.stats.drafted
+        accepted += spec.stats.accepted
+    assert accepted / drafted > 0.3        # a trained draft, not a random one (random: ~0)
+
+
+def test_target_predicts_held_out_code_better_than_the_draft(decoder, pair):
+    rows = [json.loads(line) for line in pair["prompts"].read_text().splitlines()]
+    nll = {"target": [], "draft": []}
+    for r in rows[::6]:
+        ids = decoder.encode(r["prompt"])[:256]              # the pair was trained on 256-token windows
+        for role, engine in (("target", decoder.target), ("draft", decoder.draft)):
+            engine.truncate(0)
+            logits = engine.run(np.asarray(ids[:-1])).astype(np.float64)      # [n - 1, vocab]
+            logits -= logits.max(axis=1, keepdims=True)
+            logp = logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))
+            nll[role] += list(-logp[np.arange(len(ids) - 1), ids[1:]])
+    mean = {role: float(np.mean(v)) for role, v in nll.items()}
+    assert mean["target"] < mean["draft"] < math.log(8192) / 2, mean
