@@ -423,15 +423,17 @@ def card(fig: dict) -> str:
         steps = m["training"]["steps"]
         if ck and ck.get("cooldown"):
             start, length = ck["cooldown"]
-            lines += [f"python tools/train_demo_pair.py {role} --minutes M --threads 1   "
-                      f"# resumable; repeat until step {start}",
+            lines += [f"python tools/train_demo_pair.py {role} --minutes M --threads 1 --until-step {start}   "
+                      f"# resumable: repeat until it stops at step {start}",
                       f"python tools/train_demo_pair.py cooldown --model {role} --steps {length}"]
         else:
             lines.append(f"python tools/train_demo_pair.py {role} --minutes M --threads 1   "
                          f"# resumable; the packaged {role} stopped at step {steps}")
     lines += ["python tools/train_demo_pair.py package --out models/",
               fig["command"], "```", "",
-              "The target must be final before the draft phase (the draft distils from `target.pt`). Phases are "
+              "The target must be final before the draft phase (the draft distils from `target.pt`). Batches "
+              "depend on the step alone, so a resumed run sees the data of an uninterrupted one; results agree up to "
+              "floating-point reduction order (thread count, CPU). Phases are "
               "time-budgeted (`--minutes`) and resume from checkpoints under `~/.cache/specedge/demo`; on a CUDA "
               "machine the same recipe runs on the GPU.", ""]
 

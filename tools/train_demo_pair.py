@@ -15,7 +15,7 @@ stopped. Phases, run in order (each one needs the previous):
             tokenizer) into --out, plus held-out prompts and figures for the model card
 
   python tools/train_demo_pair.py data
-  python tools/train_demo_pair.py target --minutes 150 --threads 1      # resumable
+  python tools/train_demo_pair.py target --minutes 150 --threads 1      # resumable; --until-step N
   python tools/train_demo_pair.py draft --minutes 60
   python tools/train_demo_pair.py cooldown --model target --steps 400
   python tools/train_demo_pair.py package --out models/
@@ -251,6 +251,8 @@ def train(kind: str, work: Path, args) -> None:
         cd = state["cooldown"]
         if cd is not None and state["step"] >= cd[0] + cd[1]:
             break
+        if args.until_step is not None and state["step"] >= args.until_step:
+            break
         lr = lr_at(state["step"], base=base_lr, warmup=200, cooldown=cd)
         for g in opt.param_groups:
             g["lr"] = lr
@@ -392,6 +394,8 @@ def main(argv=None) -> None:
     ap.add_argument("--no-bf16", dest="bf16", action="store_false", help="train in plain fp32")
     ap.add_argument("--model", choices=["target", "draft"], default="target")
     ap.add_argument("--steps", type=int, default=400, help="cool-down length in steps")
+    ap.add_argument("--until-step", type=int, default=None,
+                    help="target/draft: stop at this step (to reproduce a recorded run exactly)")
     ap.add_argument("--out", type=Path, default=Path("models"))
     args = ap.parse_args(argv)
     if args.phase == "data":
