@@ -99,12 +99,14 @@ def sample(dist: np.ndarray, rng: np.random.Generator) -> int:
     sums = w.sum(axis=1)                         # [blocks]
     cdf = np.cumsum(sums)
     x = u * cdf[-1]
+    # side="right" lands on an entry that raises the running sum, never on a zero; only running past
+    # the end (u * total rounded up to the total; a block's cumsum rounding below its sum) needs help
     b = int(np.searchsorted(cdf, x, side="right"))
-    if b >= blocks or sums[b] <= 0:              # u * total rounded up to the total
+    if b >= blocks:
         b = int(np.flatnonzero(sums)[-1])
     x -= cdf[b - 1] if b else 0.0
     j = int(np.searchsorted(np.cumsum(w[b]), x, side="right"))
-    if j >= _BLOCK or w[b, j] <= 0:              # rounding between the block's sum and its cumsum
+    if j >= _BLOCK:
         j = int(np.flatnonzero(w[b])[-1])
     return b * _BLOCK + j
 

@@ -142,11 +142,10 @@ def build(kind: str):
     return LlamaForCausalLM(cfg)
 
 
-def init_draft_embedding(model, work: Path) -> None:
-    """Start the draft's tied embedding as the target's, projected onto its top principal directions:
+def init_draft_embedding(model, emb) -> None:
+    """Start the draft's tied embedding as the target's `emb`, projected onto its top principal directions:
     the draft begins with the target's token geometry (which tokens the target confuses with which)."""
     import torch
-    emb = torch.load(work / "target.pt", map_location="cpu", weights_only=False)["model"]["model.embed_tokens.weight"]
     u, s, _ = torch.linalg.svd(emb.float(), full_matrices=False)           # [vocab, 384], [384]
     width = model.config.hidden_size
     proj = u[:, :width] * s[:width]                                          # [vocab, width]
@@ -224,6 +223,11 @@ def train(kind: str, work: Path, args) -> None:
     base_lr = 2e-3 if kind == "target" else 3e-3
     opt = torch.optim.AdamW(model.parameters(), lr=base_lr, betas=(0.9, 0.95), weight_decay=0.1)
     state = {"step": 0, "tokens": 0, "seconds": 0.0, "cooldown": None, "log": []}
+    teacher = None
+    if kind == "draft":     # built after the draft, so the draft's random init does not depend on it
+        teacher = build("target").to(dev)
+        teacher.load_state_dict(torch.load(work / "target.pt", map_location=dev, weights_only=False)["model"])
+        teacher.eval().requires_grad_(False)
     if ckpt.exists():
         saved = torch.load(ckpt, map_location=dev, weights_only=False)
         model.load_state_dict(saved["model"])
@@ -231,15 +235,10 @@ def train(kind: str, work: Path, args) -> None:
         state = saved["state"]
         print(f"resumed {kind} at step {state['step']} ({state['tokens'] / 1e6:.1f} M tokens)")
     elif kind == "draft":
-        init_draft_embedding(model, work)
+        init_draft_embedding(model, teacher.model.embed_tokens.weight)
     if args.phase == "cooldown":
         if state["cooldown"] is None:
             state["cooldown"] = (state["step"], args.steps)
-    teacher = None
-    if kind == "draft":
-        teacher = build("target").to(dev)
-        teacher.load_state_dict(torch.load(work / "target.pt", map_location=dev, weights_only=False)["model"])
-        teacher.eval().requires_grad_(False)
     data = [stdlib_train_tokens(work), np.fromfile(work / "train.bin", dtype=np.uint16)]
     stop = []       # SIGTERM / SIGINT (a session ending) -> save a checkpoint, then exit
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -347,14 +346,10 @@ def package(work: Path, out: Path) -> None:
     with open(stage / "prompts.jsonl", "w") as f:
         for p in held_out_prompts(work):
             f.write(json.dumps(p) + "\n")
-    for name in ("target", "draft", "prompts.jsonl"):     # keep anything else in out/ (the model card)
-        old = out / name
-        if old.is_dir():
-            shutil.rmtree(old)
-        elif old.exists():
-            old.unlink()
     out.mkdir(parents=True, exist_ok=True)
-    for name in ("target", "draft", "prompts.jsonl"):
+    for name in ("target", "draft", "prompts.jsonl"):     # keep anything else in out/ (the model card)
+        if (out / name).is_dir():
+            shutil.rmtree(out / name)
         os.replace(stage / name, out / name)
     stage.rmdir()
     print(f"wrote {out}/target, {out}/draft, {out}/prompts.jsonl")
