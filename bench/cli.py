@@ -78,6 +78,8 @@ def plot(result: dict, path: Path) -> None:
         ax.plot(ks, [r["per_k"][k]["tps"] for k in ks], "o-", label="specedge speculative")
         ax.plot(ks, [r["per_k"][k]["bound"] * r["plain_tps"] for k in ks], "--", label="Leviathan bound")
         ax.axhline(r["plain_tps"], color="gray", label="specedge target-only")
+        ax.plot([r["default"]["k"]], [r["default_tps"]], "*", markersize=12, color="C1",
+                label=f"specedge defaults (K <= {r['default']['k']}, adaptive)")
         peers = result.get("peers", {}).get(mode, {})
         for key, style in (("ortgenai_plain", ":"), ("ortgenai_spec", "-."), ("hf_plain", ":"), ("hf_assisted", "-.")):
             if peers.get(key):
@@ -103,6 +105,12 @@ def table(result: dict) -> str:
         r = result[mode]
         rows.append(f"| {mode} | {r['host_ms_per_round']:.3f} | {r['c_loop']:.3f} | {r['r_loop']:.2f} | "
                     f"{r['bound_loop']:.2f}x |")
+    rows += ["", "| mode | loop defaults: spec tok/s | speedup | K at most | draft confidence | drafts/round | alpha |",
+             "|---|---|---|---|---|---|---|"]
+    for mode in MODES:
+        d = result[mode]["default"]
+        rows.append(f"| {mode} | {d['tps']:.1f} | {d['speedup']:.2f}x | {d['k']} | {d['draft_confidence']} | "
+                    f"{d['drafts_per_round']:.2f} | {d['alpha']:.3f} |")
     peers = result.get("peers")
     if peers:
         rows += ["", "| mode | " + " | ".join(k for keys in PEER_KEYS.values() for k in keys) + " |",

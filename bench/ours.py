@@ -53,24 +53,28 @@ def step_costs(dec, *, past: int, ks, reps: int = 30, run: int = 4) -> dict:
 
 
 def measure(dec, prompts: list[str], *, ks, sampling: dict, max_new_tokens: int, repeats: int) -> dict:
-    """Run every prompt target-only and with each K, `repeats` times; return per-variant figures."""
-    variants = [("plain", None)] + [(f"k{k}", k) for k in ks]
-    gen = lambda prompt, k, seed: dec.generate(prompt, max_new_tokens=max_new_tokens, seed=seed,
-                                               speculative=k is not None, k=k or 1, ignore_eos=True, **sampling)
-    for _, k in variants:
-        gen(prompts[0], k, 0)
-    per_rep = {name: [] for name, _ in variants}
+    """Run every prompt target-only, with each fixed K (every round drafts K: the bound's premise),
+    and with the loop's defaults (up to dec.config.k drafts, fewer after an unconfident one),
+    `repeats` times; return per-variant figures."""
+    variants = ([("plain", None, 0.0)] + [(f"k{k}", k, 0.0) for k in ks]
+                + [("default", dec.config.k, dec.config.draft_confidence)])
+    gen = lambda prompt, k, conf, seed: dec.generate(prompt, max_new_tokens=max_new_tokens, seed=seed,
+                                                     speculative=k is not None, k=k or 1, draft_confidence=conf,
+                                                     ignore_eos=True, **sampling)
+    for _, k, conf in variants:
+        gen(prompts[0], k, conf, 0)
+    per_rep = {name: [] for name, _, _ in variants}
     agg = {name: {"drafted": 0, "accepted": 0, "evaluated": 0, "target_calls": 0, "draft_calls": 0, "tokens": 0,
                   "seconds_draft": 0.0, "seconds_target": 0.0, "seconds_host": 0.0, "seconds": 0.0}
-           for name, _ in variants}
+           for name, _, _ in variants}
     for rep in range(repeats):
         tokens = {name: 0 for name in per_rep}
         seconds = {name: 0.0 for name in per_rep}
         for i, prompt in enumerate(prompts):
             order = variants if (rep + i) % 2 == 0 else variants[::-1]
-            for name, k in order:
+            for name, k, conf in order:
                 t0 = time.perf_counter()
-                res = gen(prompt, k, 1000 * rep + i)
+                res = gen(prompt, k, conf, 1000 * rep + i)
                 dt = time.perf_counter() - t0
                 s, a = res.stats, agg[name]
                 tokens[name] += s.new_tokens
@@ -83,9 +87,10 @@ def measure(dec, prompts: list[str], *, ks, sampling: dict, max_new_tokens: int,
         for name in per_rep:
             per_rep[name].append(tokens[name] / seconds[name])
     out = {}
-    for name, k in variants:
+    for name, k, conf in variants:
         a, tps = agg[name], per_rep[name]
-        out[name] = {"k": k, "tps": statistics.median(tps), "tps_min": min(tps), "tps_max": max(tps),
+        out[name] = {"k": k, "draft_confidence": conf, "tps": statistics.median(tps), "tps_min": min(tps),
+                     "tps_max": max(tps), "drafts_per_round": a["drafted"] / a["target_calls"],
                      "alpha": a["accepted"] / a["evaluated"] if a["evaluated"] else None,
                      "acceptance_rate": a["accepted"] / a["drafted"] if a["drafted"] else None,
                      "tokens_per_target_call": a["tokens"] / a["target_calls"],
@@ -103,22 +108,26 @@ def summarize(variants: dict, costs: dict) -> dict:
     """The issue's keys for one mode: plain/spec tokens/s at the best K, speedup, alpha, bound, efficiency."""
     plain = variants["plain"]["tps"]
     per_k = {}
+    step = variants["plain"]["target_ms_per_call"]
     for name, v in variants.items():
-        if v["k"] is None:
+        if v["k"] is None or name == "default":
             continue
         k, alpha = v["k"], v["alpha"] or 0.0
         bound = leviathan_bound(alpha, k, costs["r"][k], costs["c"])
         speedup = v["tps"] / plain
         # the same bound from the costs measured inside the loop: what separates the two is the engines'
         # in-loop slowdown; what separates this one from the measured speedup is the host code
-        step = variants["plain"]["target_ms_per_call"]
         c_loop, r_loop = v["draft_ms_per_call"] / step, v["target_ms_per_call"] / step
         per_k[k] = {**v, "speedup": speedup, "bound": bound, "efficiency": speedup / bound, "r": costs["r"][k],
                     "c_loop": c_loop, "r_loop": r_loop, "bound_loop": leviathan_bound(alpha, k, r_loop, c_loop)}
     best = max(per_k, key=lambda k: per_k[k]["tps"])
-    b = per_k[best]
+    b, d = per_k[best], variants["default"]
+    # the loop's defaults: rounds of varying length, so no Leviathan bound; what users get untuned
+    default = {**d, "speedup": d["tps"] / plain, "c_loop": d["draft_ms_per_call"] / step,
+               "r_loop": d["target_ms_per_call"] / step}
     return {"plain_tps": plain, "spec_tps": b["tps"], "best_k": best, "speedup": b["speedup"], "alpha": b["alpha"],
             "bound": b["bound"], "efficiency": b["efficiency"], "c": costs["c"],
             "c_loop": b["c_loop"], "r_loop": b["r_loop"], "bound_loop": b["bound_loop"],
-            "host_ms_per_round": b["host_ms_per_round"], "per_k": per_k,
+            "host_ms_per_round": b["host_ms_per_round"], "per_k": per_k, "default": default,
+            "default_tps": default["tps"], "default_speedup": default["speedup"],
             "plain_tps_min": variants["plain"]["tps_min"], "plain_tps_max": variants["plain"]["tps_max"]}

@@ -95,7 +95,8 @@ def export_one(src: Path, dst: Path, *, role: str, dtype: str, max_context: int 
             inputs, outputs = io_names(dims["num_layers"])
     with phase(f"[{role}] parity ONNX Runtime vs PyTorch", quiet):
         parity = measure(model, dst / "model.onnx", vocab_size=dims["vocab_size"], k=k,
-                         num_kv_heads=dims["num_kv_heads"], head_dim=dims["head_dim"])
+                         num_kv_heads=dims["num_kv_heads"], head_dim=dims["head_dim"],
+                         in_place=builder == "genai", max_context=dims["max_context"])
     if not quiet:
         for case, d in parity.items():
             print(f"[{role}]   {case:8s} max|diff| {d['max_abs_diff']:.2e}  relative {d['max_rel_diff']:.2e}",

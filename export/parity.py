@@ -25,7 +25,9 @@ def _diff(ours: np.ndarray, ref: np.ndarray) -> dict:
 
 
 def measure(model, onnx_path: Path, *, vocab_size: int, k: int, num_kv_heads: int, head_dim: int,
-            prompt_len: int = 7, seed: int = 0) -> dict:
+            in_place: bool = False, max_context: int = 1 << 20, prompt_len: int = 7, seed: int = 0) -> dict:
+    """Max logit differences per case, with the KV cache kept as the runtime will keep it (`in_place`:
+    one buffer for past and present, see OrtEngine)."""
     rng = np.random.default_rng(seed)
     ids = rng.integers(0, vocab_size, size=prompt_len + k + 2)
     prompt, draft, nxt = ids[:prompt_len], ids[prompt_len:prompt_len + k + 1], ids[-1:]
@@ -40,7 +42,8 @@ def measure(model, onnx_path: Path, *, vocab_size: int, k: int, num_kv_heads: in
             out = model(input_ids=t, position_ids=pos, **extra)
             return out.logits[0].float().numpy()[:, :vocab_size]
 
-    engine = OrtEngine(onnx_path, vocab_size=vocab_size, num_kv_heads=num_kv_heads, head_dim=head_dim)
+    engine = OrtEngine(onnx_path, vocab_size=vocab_size, num_kv_heads=num_kv_heads, head_dim=head_dim,
+                       share_buffer=in_place, max_context=max_context)
     result = {}
 
     def fresh_cache():

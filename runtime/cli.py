@@ -13,7 +13,8 @@ from .manifest import BundleError
 _G, _S = GenerationConfig(), SamplingParams()
 # flag -> GenerationConfig / SamplingParams field; a flag left out keeps the --config (or default) value
 _FIELDS = {"max_new_tokens": "max_new_tokens", "temperature": "temperature", "top_k": "top_k", "top_p": "top_p",
-           "repetition_penalty": "repetition_penalty", "k": "k", "seed": "seed"}
+           "repetition_penalty": "repetition_penalty", "k": "k", "draft_confidence": "draft_confidence",
+           "seed": "seed"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -26,7 +27,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--top-k", type=int, help="0 = off (default)")
     ap.add_argument("--top-p", type=float, help="1 = off (default)")
     ap.add_argument("--repetition-penalty", type=float, help="1 = off (default)")
-    ap.add_argument("--k", type=int, help=f"draft tokens per round (default {_G.k})")
+    ap.add_argument("--k", type=int, help=f"most draft tokens per round (default {_G.k})")
+    ap.add_argument("--draft-confidence", type=float,
+                    help=f"stop drafting after a token the draft gives less than this probability "
+                         f"(0 = always k; default {_G.draft_confidence})")
     ap.add_argument("--seed", type=int, help=f"default {_G.seed}")
     ap.add_argument("--stop", action="append", help="stop string (repeatable)")
     ap.add_argument("--no-speculation", action="store_true", help="target-only decoding")

@@ -38,8 +38,12 @@ class SamplingParams:
 @dataclass(frozen=True)
 class GenerationConfig:
     max_new_tokens: int = 128
-    k: int = 4                        # draft tokens per round; bounded by the bundle's max_draft_tokens
+    k: int = 6                        # most draft tokens per round; bounded by the bundle's max_draft_tokens
     speculative: bool = True          # False: target-only decoding through the same loop (k = 0)
+    # a round stops drafting after a token whose draft top probability is below this (0 = always k):
+    # unlikely drafts cost a draft step and a wider verify. 0.3 with k = 6 beat every fixed k on the
+    # demo pair by 3-9 % (greedy and T = 0.8, measured); the output's law does not depend on it
+    draft_confidence: float = 0.3
     seed: int | None = 0              # per request: same seed -> same output
     stop: tuple[str, ...] = ()        # stop strings (never emitted, not even in part)
     prefill_chunk: int = 256          # prompt tokens per prefill call: bounds logits to chunk x vocab
@@ -51,6 +55,9 @@ class GenerationConfig:
             raise ConfigError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens}")
         if not (isinstance(self.k, int) and self.k >= 1):
             raise ConfigError(f"k (draft tokens per round) must be an integer >= 1, got {self.k}")
+        if isinstance(self.draft_confidence, bool) or not (isinstance(self.draft_confidence, (int, float))
+                                                            and 0 <= self.draft_confidence <= 1):
+            raise ConfigError(f"draft_confidence must be a number in [0, 1] (0 = off), got {self.draft_confidence!r}")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)
                                       or self.seed < 0):
             raise ConfigError(f"seed must be an integer >= 0 (or None), got {self.seed!r}")

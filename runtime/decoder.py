@@ -10,7 +10,7 @@ import numpy as np
 
 from .config import ConfigError, GenerationConfig
 from .manifest import BundleError, Manifest
-from .sampling import accept, accept_greedy, greedy_tokens, probs, sample
+from .sampling import accept, accept_greedy, confidence, greedy_tokens, probs, sample
 from .text import TextStream
 
 
@@ -112,7 +112,7 @@ class SpeculativeDecoder:
                 continue
             e = OrtEngine(path / info.file, vocab_size=m.vocab_size, max_context=m.max_context,
                           providers=providers, threads=threads, num_kv_heads=info.num_kv_heads,
-                          head_dim=info.head_dim)
+                          head_dim=info.head_dim, share_buffer=info.kv_in_place)
             got = (e.num_layers, e.num_kv_heads, e.head_dim)
             if got != (info.num_layers, info.num_kv_heads, info.head_dim):
                 raise BundleError(f"{role} graph has (layers, kv heads, head dim) {got} but the manifest says "
@@ -120,6 +120,8 @@ class SpeculativeDecoder:
             engines[role] = e
         if not speculative:
             config = replace(config, speculative=False)
+        if config.k > m.max_draft_tokens and config.k == GenerationConfig.k:   # the default, not a choice
+            config = replace(config, k=m.max_draft_tokens)
         return cls(target=engines["target"], draft=engines.get("draft"), tokenizer=tokenizer,
                    vocab_size=m.vocab_size, eos_token_ids=m.eos_token_ids, max_context=m.max_context,
                    max_draft_tokens=m.max_draft_tokens, config=config)
@@ -217,10 +219,15 @@ class SpeculativeDecoder:
             stats.seconds_draft += time.perf_counter() - t0
             if greedy:       # point masses: the token is the argmax, q is never materialised
                 drafts.append(int(greedy_tokens(logits, params, history=tokens, drafts=drafts, first=i)[0]))
+                confident = cfg.draft_confidence <= 0 or confidence(logits[0]) >= cfg.draft_confidence
             else:
                 q[i] = probs(logits, params, history=tokens, drafts=drafts, first=i)[0]
                 drafts.append(sample(q[i], rng))
+                confident = q[i].max() >= cfg.draft_confidence
             feed = drafts[-1:]
+            if not confident:   # the next drafts would likely be rejected: verify what we have
+                break
+        k, q = len(drafts), q[:len(drafts)]                                # [k, vocab]
         t0 = time.perf_counter()
         logits = self.target.run(np.asarray([tokens[-1]] + drafts))        # [k+1, vocab]
         stats.seconds_target += time.perf_counter() - t0

@@ -14,6 +14,8 @@ Every graph follows the same I/O contract (names as in onnxruntime-genai and opt
              past_key_values.{i}.key|value [batch, kv_heads, past_sequence_length, head_dim]
     outputs  logits float32 [batch, sequence_length, vocab]        (every new position)
              present.{i}.key|value [batch, kv_heads, total_sequence_length, head_dim]
+Graphs of onnxruntime-genai's builder (`builder: "genai"`) also run with past and present bound to
+one [batch, kv_heads, max_context, head_dim] buffer, updated in place (ModelInfo.kv_in_place).
 """
 from __future__ import annotations
 
@@ -57,6 +59,12 @@ class ModelInfo:
     opset: int = 20           # ONNX opset: 23 (fused ops) needs onnxruntime >= 1.22; 0 = the builder's choice
     builder: str = "torch"    # "torch" (torch.onnx dynamo) or "genai" (onnxruntime-genai's model builder)
     weights: str = "fp32"     # weight precision: fp32, fp16 or int4 (genai builder only)
+
+    @property
+    def kv_in_place(self) -> bool:
+        """genai graphs attend with GroupQueryAttention, which appends to a cache shared by past and
+        present in place (the engine's share_buffer): no cache copy per step, none on rollback."""
+        return self.builder == "genai"
 
     def __post_init__(self):
         if self.dtype not in DTYPES:

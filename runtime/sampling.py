@@ -136,3 +136,9 @@ def accept_greedy(draft_tokens, target_tokens) -> tuple[list[int], int]:
     while n < len(draft_tokens) and draft_tokens[n] == target_tokens[n]:
         n += 1
     return [int(t) for t in draft_tokens[:n]] + [int(target_tokens[n])], n
+
+
+def confidence(logits: np.ndarray) -> float:
+    """The draft's top probability at temperature 1 from its raw logits [vocab]: how likely its
+    greedy token is to be accepted (it only decides when to stop drafting, never what is output)."""
+    return float(1.0 / np.exp(logits - logits.max()).sum())

@@ -48,9 +48,12 @@ def _unit_cases():
 
 
 UNIT_CASES = _unit_cases()
-E2E_CASES = {"spec-T1": (True, SamplingParams(temperature=1.0)),
-             "plain-T1": (False, SamplingParams(temperature=1.0)),
-             "spec-warped": (True, SamplingParams(temperature=0.8, top_k=6, repetition_penalty=1.3))}
+E2E_CASES = {"spec-T1": (True, SamplingParams(temperature=1.0), 0.0),
+             "plain-T1": (False, SamplingParams(temperature=1.0), 0.0),
+             "spec-warped": (True, SamplingParams(temperature=0.8, top_k=6, repetition_penalty=1.3), 0.0),
+             # rounds that stop drafting early are exact too: the draft's top probability after PROMPT
+             # lies in (0.3, 0.45), so with 0.45 every first round stops after one draft
+             "spec-T1-early-stop": (True, SamplingParams(temperature=1.0), 0.45)}
 N_CHI2 = 2 * len(UNIT_CASES) + len(E2E_CASES) + 1  # each unit case checks two laws; + sample()
 FAMILY_ALPHA = 1e-6
 ALPHA = FAMILY_ALPHA / N_CHI2
@@ -222,25 +225,28 @@ def target_joint(folder, params: SamplingParams) -> dict:
 @pytest.mark.parametrize("name", E2E_CASES)
 def test_first_two_tokens_follow_the_target(tiny_pair, name):
     from specedge.runtime.decoder import SpeculativeDecoder
-    speculative, params = E2E_CASES[name]
+    speculative, params, draft_confidence = E2E_CASES[name]
     target, bundle = tiny_pair
     law = target_joint(target, params)
     dec = SpeculativeDecoder.from_bundle(bundle, threads=1)
-    seen, hist, drafted = Counter(), np.zeros(3, dtype=int), 0
+    seen, hist, drafted, fewest = Counter(), np.zeros(3, dtype=int), 0, 3
     for seed in range(N_E2E):
         # 3 new tokens so the first round drafts k=2 (the loop caps k at budget - 1): both of the
         # first two tokens can then come from accepted drafts, a rejection residual, or a bonus
         r = dec.generate(PROMPT, max_new_tokens=3, k=2, seed=seed, speculative=speculative,
                          temperature=params.temperature, top_k=params.top_k,
-                         repetition_penalty=params.repetition_penalty)
+                         repetition_penalty=params.repetition_penalty, draft_confidence=draft_confidence)
         assert len(r.token_ids) == 3 and r.finish_reason == "length"
         seen[tuple(r.token_ids[:2])] += 1
         drafted += r.stats.drafted
+        fewest = min(fewest, r.stats.drafted)   # 1 only if the first round stopped after one draft
         if speculative:
             hist += r.stats.accepted_hist[:3]
     if speculative:      # every branch of accept() was taken: rejection at 0, at 1, all accepted
         print(f"{name}: drafted {drafted}, rounds by drafts accepted {hist.tolist()}")
-        assert drafted > 0 and (hist > 0).all()
+        stops = draft_confidence > 0
+        assert drafted > 0 and (hist[:2] > 0).all() and (hist[2] > 0) != stops
+        assert (fewest == 1) == stops     # early stops happened, and only then
     else:
         assert drafted == 0
     assert chi2_test(law, seen, f"{name} first two tokens") > ALPHA

@@ -4,9 +4,11 @@ from __future__ import annotations
 import json
 import shutil
 
+import numpy as np
 import pytest
 
 from conftest import byte_tokenizer_json, make_model
+from specedge.engines import EngineError, OrtEngine
 from specedge.export import ExportError, export_bundle
 from specedge.export.cli import main as export_main
 from specedge.runtime.manifest import FORMAT_VERSION, Manifest
@@ -199,8 +201,30 @@ def test_genai_builder_graphs_run_in_our_runtime(tmp_path, llama_target, llama_d
     bound = 1e-4 if dtype == "fp32" else 0.5          # int4 of random weights is lossy; fp32 is exact
     assert all(info.parity[c]["max_rel_diff"] < bound for c in CASES), info.parity
     dec = SpeculativeDecoder.from_bundle(out)
+    assert dec.target.share_buffer and dec.draft.share_buffer      # genai graphs run with the in-place cache
     spec, plain = (dec.generate([1, 2, 3], max_new_tokens=16, k=4, speculative=s) for s in (True, False))
     assert spec.token_ids == plain.token_ids and spec.stats.drafted > 0
+    # the in-place cache against the concat one, through a rollback and a refill past the old length
+    kw = dict(vocab_size=m.vocab_size, num_kv_heads=info.num_kv_heads, head_dim=info.head_dim, max_context=128)
+    concat, in_place = (OrtEngine(out / info.file, share_buffer=s, **kw) for s in (False, True))
+    for step in ([5, 6, 7, 8, 9, 10], [11, 12, 13, 14, 15], 7, [16], [17, 18, 19, 20], 0, [21, 22]):
+        if isinstance(step, int):
+            concat.truncate(step)
+            in_place.truncate(step)
+        else:
+            assert np.array_equal(concat.run(np.asarray(step)), in_place.run(np.asarray(step))), step
+    assert concat.length == in_place.length == 2
+    with pytest.raises(EngineError, match="max context 128"):
+        in_place.run(np.arange(127))
+
+
+def test_in_place_cache_needs_a_gqa_graph(pair_bundles):
+    path = pair_bundles["disagree"] / "target" / "model.onnx"          # torch graphs concatenate: present != past
+    with pytest.raises(EngineError, match="exceeds|preallocated"):
+        OrtEngine(path, share_buffer=True)
+    engine = OrtEngine(path, share_buffer=True, max_context=64)
+    with pytest.raises(EngineError, match="GroupQueryAttention"):
+        engine.run(np.array([1, 2, 3]))
 
 
 def test_int4_needs_the_genai_builder(tmp_path, llama_target):

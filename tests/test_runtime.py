@@ -35,22 +35,35 @@ def test_greedy_identity_every_k(decoders, draft):
     for prompt in PROMPTS:
         plain = dec.generate(prompt, max_new_tokens=24, speculative=False)
         assert plain.stats.target_calls == len(plain.token_ids) and plain.stats.drafted == 0
-        for k in range(1, 9):
-            spec = dec.generate(prompt, max_new_tokens=24, k=k)
+        for k, conf in [(k, 0.0) for k in range(1, 9)] + [(8, 0.3), (8, 1.0)]:
+            spec = dec.generate(prompt, max_new_tokens=24, k=k, draft_confidence=conf)
             if spec.token_ids != plain.token_ids:
                 i = next(j for j, (a, b) in enumerate(zip(spec.token_ids, plain.token_ids)) if a != b)
                 gap = _near_tie(dec, list(prompt) + plain.token_ids[:i], i)
                 assert gap < 1e-5, f"k={k}: diverged at token {i} with top-2 gap {gap} (not a near-tie)"
                 pytest.skip(f"near-tie divergence at token {i} (gap {gap:.1e})")
             assert spec.stats.target_calls < len(spec.token_ids) or k == 1 or draft == "disagree"
-            full_rounds += spec.stats.accepted_hist[k]
+            full_rounds += spec.stats.accepted_hist[k] if conf == 0 else 0
     if draft == "agree":
         assert full_rounds > 0, "no round accepted all k drafts: the bonus-token path went untested"
 
 
+def test_draft_confidence_stops_rounds_early(decoders):
+    from specedge.runtime.sampling import confidence
+    dec = decoders["agree"]
+    plain = dec.generate(PROMPTS[0], max_new_tokens=48, speculative=False).token_ids
+    dec.draft.truncate(0)
+    median = float(np.median([confidence(row) for row in dec.draft.run(np.asarray(list(PROMPTS[0]) + plain))]))
+    full, one, some = (dec.generate(PROMPTS[0], max_new_tokens=48, k=4, draft_confidence=c).stats
+                       for c in (0, 1, median))
+    assert full.drafted >= 4 * (full.rounds - 4)      # k per round, but for the last few (capped by the budget)
+    assert one.rounds - 1 <= one.drafted == one.draft_calls <= one.rounds   # a top probability below 1: stop at one
+    assert one.drafted < some.drafted < full.drafted
+
+
 def test_draft_quality_shows_in_stats(decoders):
-    agree = decoders["agree"].generate(PROMPTS[0], max_new_tokens=48, k=4).stats
-    disagree = decoders["disagree"].generate(PROMPTS[0], max_new_tokens=48, k=4).stats
+    agree = decoders["agree"].generate(PROMPTS[0], max_new_tokens=48, k=4, draft_confidence=0).stats
+    disagree = decoders["disagree"].generate(PROMPTS[0], max_new_tokens=48, k=4, draft_confidence=0).stats
     assert agree.alpha > 0.6 > disagree.alpha
     for s in (agree, disagree):
         assert s.drafted == s.draft_calls and s.accepted <= s.evaluated <= s.drafted

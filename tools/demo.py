@@ -83,10 +83,12 @@ def main(argv: list[str]) -> int:
     if not argv and prompts:
         prompt = json.loads(prompts.read_text().splitlines()[0])["prompt"]
     dec = SpeculativeDecoder.from_bundle(bundle, threads=1)
-    settings = dict(max_new_tokens=96, k=4, temperature=0.0)
+    settings = dict(max_new_tokens=96, temperature=0.0)      # the decoder's defaults for the rest
     for spec in (True, False):                 # warm-up: first calls pay one-time allocation costs
         dec.generate(prompt, max_new_tokens=8, speculative=spec)
-    print(f"\n--- prompt ---\n{prompt}\n--- completion (speculative, k={settings['k']}, greedy) ---")
+    cfg = dec.config
+    print(f"\n--- prompt ---\n{prompt}\n--- completion (speculative: up to k={cfg.k} drafts a round, fewer after "
+          f"one the draft gives < {cfg.draft_confidence}; greedy) ---")
     sys.stdout.write(prompt)
     stream = dec.stream(prompt, **settings)
     for piece in stream:
@@ -97,7 +99,8 @@ def main(argv: list[str]) -> int:
     s, p = spec.stats, plain.stats
     print("\n--- stats ---")
     print(f"acceptance rate {s.acceptance_rate:.2f}   alpha {s.alpha:.2f}   "
-          f"tokens per target call {s.tokens_per_target_call:.2f}   accepted-length histogram {s.accepted_hist}")
+          f"tokens per target call {s.tokens_per_target_call:.2f}   drafts per round {s.drafted / max(1, s.rounds):.2f}   "
+          f"accepted-length histogram {s.accepted_hist}")
     print(f"speculative {s.tokens_per_second:.0f} tokens/s   target-only {p.tokens_per_second:.0f} tokens/s   "
           f"speedup {s.tokens_per_second / p.tokens_per_second:.2f}x  (same prompt, {s.new_tokens} tokens)")
     print(f"identical to target-only greedy output: {spec.token_ids == plain.token_ids}")

@@ -146,10 +146,12 @@ def stat_fields(stats) -> dict:
 
 
 def generation_eval(dec, prompts: list[dict], *, max_new_tokens: int) -> dict:
-    common = dict(max_new_tokens=max_new_tokens, ignore_eos=True)
+    # every round drafts K (no early stop): alpha as the quality bars define it, at a fixed K
+    common = dict(max_new_tokens=max_new_tokens, ignore_eos=True, draft_confidence=0.0)
     warm = prompts[0]["prompt"]
     for spec in (False, True):                 # first calls pay one-time allocation costs
-        dec.generate(warm, max_new_tokens=8, k=K, speculative=spec, temperature=0.0, ignore_eos=True)
+        dec.generate(warm, max_new_tokens=8, k=K, speculative=spec, temperature=0.0, ignore_eos=True,
+                     draft_confidence=0.0)
     runs = []
     t_start = time.perf_counter()
     for i, p in enumerate(prompts):
@@ -230,7 +232,10 @@ def checkpoint_state(work: Path | None, kind: str, last_step: int | None) -> dic
         log(f"note: {ckpt} is at step {state.get('step')}, the packaged {kind} at {last_step}; "
             f"its cool-down is not reported")
         return None
-    return {"step": state["step"], "tokens": state["tokens"], "cooldown": state.get("cooldown")}
+    # every finished cool-down, oldest first: a `--rewarm` run trains on after each but the last
+    cooldowns = [st["cooldown"] for st in state.get("stages", [])] + [state["cooldown"]] * bool(state.get("cooldown"))
+    return {"step": state["step"], "tokens": state["tokens"], "cooldown": state.get("cooldown"),
+            "cooldowns": cooldowns}
 
 
 def model_facts(folder: Path, bundle: Path, role: str, work: Path | None) -> dict:
@@ -393,8 +398,8 @@ def card(fig: dict) -> str:
     for role in ("target", "draft"):
         ck = models[role]["training"]["checkpoint"]
         if ck and ck.get("cooldown"):
-            start, length = ck["cooldown"]
-            cds.append(f"{role}: from step {start} over {length} steps")
+            cds.append(f"{role}: " + ", then re-warmed (200 steps) and trained on; ".join(
+                f"from step {start} over {length} steps" for start, length in ck.get("cooldowns", [ck["cooldown"]])))
         elif ck:
             cds.append(f"{role}: none")
         else:
@@ -422,10 +427,10 @@ def card(fig: dict) -> str:
         ck = m["training"]["checkpoint"]
         steps = m["training"]["steps"]
         if ck and ck.get("cooldown"):
-            start, length = ck["cooldown"]
-            lines += [f"python tools/train_demo_pair.py {role} --minutes M --threads 1 --until-step {start}   "
-                      f"# resumable: repeat until it stops at step {start}",
-                      f"python tools/train_demo_pair.py cooldown --model {role} --steps {length}"]
+            for i, (start, length) in enumerate(ck.get("cooldowns", [ck["cooldown"]])):
+                lines += [f"python tools/train_demo_pair.py {role}{' --rewarm' * bool(i)} --minutes M --threads 1 "
+                          f"--until-step {start}   # resumable: repeat until it stops at step {start}",
+                          f"python tools/train_demo_pair.py cooldown --model {role} --steps {length}"]
         else:
             lines.append(f"python tools/train_demo_pair.py {role} --minutes M --threads 1   "
                          f"# resumable; the packaged {role} stopped at step {steps}")

@@ -204,9 +204,9 @@ def evaluate(model, work: Path, *, windows: int = 64) -> dict:
             "bits_per_byte": nll / count / math.log(2) / bytes_per_token}
 
 
-def lr_at(step: int, *, base: float, warmup: int, cooldown: tuple[int, int] | None) -> float:
-    if step < warmup:
-        return base * (step + 1) / warmup
+def lr_at(step: int, *, base: float, warmup: int, cooldown: tuple[int, int] | None, warm_from: int = 0) -> float:
+    if step - warm_from < warmup:
+        return base * (step - warm_from + 1) / warmup
     if cooldown is None:
         return base
     start, length = cooldown
@@ -236,6 +236,15 @@ def train(kind: str, work: Path, args) -> None:
         print(f"resumed {kind} at step {state['step']} ({state['tokens'] / 1e6:.1f} M tokens)")
     elif kind == "draft":
         init_draft_embedding(model, teacher.model.embed_tokens.weight)
+    cd = state["cooldown"]
+    if getattr(args, "rewarm", False) and not (cd is None and state.get("stages")):   # (else: resumed re-warm)
+        if cd is None or state["step"] < cd[0] + cd[1]:
+            raise SystemExit(f"--rewarm continues a {kind} whose cool-down has finished; {ckpt} has none finished: "
+                             f"run `{kind}` without --rewarm")
+        # warm-up/stable/decay again from the cooled weights: the budget grows, the recipe stays one command list
+        state.setdefault("stages", []).append({"step": state["step"], "cooldown": cd})
+        state["cooldown"], state["warm_from"] = None, state["step"]
+        print(f"re-warming {kind} from step {state['step']}")
     if args.phase == "cooldown":
         if state["cooldown"] is None:
             state["cooldown"] = (state["step"], args.steps)
@@ -252,7 +261,7 @@ def train(kind: str, work: Path, args) -> None:
             break
         if args.until_step is not None and state["step"] >= args.until_step:
             break
-        lr = lr_at(state["step"], base=base_lr, warmup=200, cooldown=cd)
+        lr = lr_at(state["step"], base=base_lr, warmup=200, cooldown=cd, warm_from=state.get("warm_from", 0))
         for g in opt.param_groups:
             g["lr"] = lr
         # batches depend on the step alone: a run resumed anywhere sees the same data as one that never stopped
@@ -391,6 +400,8 @@ def main(argv=None) -> None:
     ap.add_argument("--steps", type=int, default=400, help="cool-down length in steps")
     ap.add_argument("--until-step", type=int, default=None,
                     help="target/draft: stop at this step (to reproduce a recorded run exactly)")
+    ap.add_argument("--rewarm", action="store_true",
+                    help="target/draft: train on after a finished cool-down (LR warms up again; cool down later)")
     ap.add_argument("--out", type=Path, default=Path("models"))
     args = ap.parse_args(argv)
     if args.phase == "data":
