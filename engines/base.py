@@ -22,8 +22,10 @@ class Engine(Protocol):
     def length(self) -> int:
         """Tokens currently held in the KV cache."""
 
-    def run(self, ids: np.ndarray) -> np.ndarray:
-        """Append `ids` [n] int64 to the cache and return their logits [n, vocab_size] float32."""
+    def run(self, ids: np.ndarray, *, keep: int | None = None) -> np.ndarray:
+        """Append `ids` [n] int64 to the cache and return the logits of the last `keep` of them
+        (all n by default) [keep, vocab_size] float32. Graphs with a `logits_to_keep` input skip
+        the LM head on the others (a prefill keeps 1)."""
 
     def truncate(self, length: int) -> None:
         """Keep only the first `length` cached tokens (rollback: no recomputation)."""

@@ -115,6 +115,7 @@ class OrtEngine:
         if missing:
             raise EngineError(f"{path} lacks outputs {missing[:4]}; re-export it with spec-export")
         self.has_position_ids = "position_ids" in inputs
+        self.has_logits_to_keep = "logits_to_keep" in inputs    # see specedge.export.heads
         logits_dim = self.session.get_outputs()[outputs.index("logits")].shape[-1]
         self.vocab_size = int(vocab_size or logits_dim)
         if isinstance(logits_dim, int) and logits_dim < self.vocab_size:
@@ -169,9 +170,10 @@ class OrtEngine:
             raise EngineError(f"cannot truncate a cache of {self._len} tokens to {length}")
         self._len = length
 
-    def run(self, ids: np.ndarray) -> np.ndarray:
+    def run(self, ids: np.ndarray, *, keep: int | None = None) -> np.ndarray:
         ids = np.asarray(ids, dtype=np.int64).reshape(1, -1)         # [1, n]
         past, n = self._len, ids.shape[1]
+        keep = n if keep is None else max(1, min(int(keep), n))
         total = past + n
         if total > self.max_context:
             raise EngineError(f"context of {total} tokens exceeds the bundle's max context {self.max_context}")
@@ -179,10 +181,13 @@ class OrtEngine:
             self._ones = np.ones((1, 2 * total), dtype=np.int64)
         mask = self._ones[:, :total]
         pos = np.arange(past, total, dtype=np.int64)[None] if self.has_position_ids else None
+        extra = {"logits_to_keep": np.array([keep], dtype=np.int64)} if self.has_logits_to_keep else {}
+        if pos is not None:
+            extra["position_ids"] = pos
         if self.share_buffer:
-            logits = self._run_in_place(ids, mask, pos, total)
+            logits = self._run_in_place(ids, mask, extra, total)
         elif self.io_binding:
-            logits = self._run_bound(ids, mask, pos, past)
+            logits = self._run_bound(ids, mask, extra, past)
         else:
             cache = self._cache
             if cache[0].shape[2] != past:    # rolled back: feed the kept prefix
@@ -190,8 +195,7 @@ class OrtEngine:
             feed = dict(zip(self.past_names, cache))
             feed["input_ids"] = ids
             feed["attention_mask"] = mask
-            if pos is not None:
-                feed["position_ids"] = pos
+            feed.update(extra)
             try:
                 out = self.session.run(self.output_names, feed)
             except Exception as e:  # onnxruntime's own classes (Fail, RuntimeException: OOM, ...)
@@ -199,19 +203,19 @@ class OrtEngine:
             self._cache = out[1:]            # [1, kv_heads, total, head_dim] each
             logits = out[0]
         self._len = total
-        return logits[0, :, :self.vocab_size]                        # [n, vocab]
+        return logits[0, -keep:, :self.vocab_size]                   # [keep, vocab]
 
     def _failed(self, e: Exception, total: int) -> EngineError:
         return EngineError(f"ONNX Runtime failed running {self.num_layers}-layer graph at {total} tokens"
                            f": {str(e).strip()[:300]}" + (" -- the in-place KV cache (share_buffer) needs a graph whose "
                            "attention is GroupQueryAttention (spec-export --builder genai)" if self.share_buffer else ""))
 
-    def _run_in_place(self, ids, mask, pos, total: int) -> np.ndarray:
+    def _run_in_place(self, ids, mask, extra: dict, total: int) -> np.ndarray:
         io = self._io
-        io.bind_cpu_input("input_ids", ids)  # ids, mask, pos stay referenced until the run ends
+        io.bind_cpu_input("input_ids", ids)  # ids, mask, extra stay referenced until the run ends
         io.bind_cpu_input("attention_mask", mask)
-        if pos is not None:
-            io.bind_cpu_input("position_ids", pos)
+        for name, value in extra.items():
+            io.bind_cpu_input(name, value)
         io.bind_output("logits", "cpu")     # re-bound: its shape changes with len(ids)
         try:
             self.session.run_with_iobinding(io)
@@ -233,16 +237,16 @@ class OrtEngine:
             kept.append(view)
         return kept
 
-    def _run_bound(self, ids, mask, pos, past: int) -> np.ndarray:
+    def _run_bound(self, ids, mask, extra: dict, past: int) -> np.ndarray:
         """IOBinding run: pasts bound as OrtValues, presents allocated on the cache's device."""
         cache = self._cache
         if cache[0].shape()[2] != past:      # rolled back: slice the kept prefix where it lives
             cache = self._slicer(cache, past) if past else [self._empty] * len(cache)
         io, (device, device_id) = self._io, self.device
-        io.bind_cpu_input("input_ids", ids)  # ids, mask, pos stay referenced until the run ends
+        io.bind_cpu_input("input_ids", ids)  # ids, mask, extra stay referenced until the run ends
         io.bind_cpu_input("attention_mask", mask)
-        if pos is not None:
-            io.bind_cpu_input("position_ids", pos)
+        for name, value in extra.items():
+            io.bind_cpu_input(name, value)
         for name, value in zip(self.past_names, cache):
             io.bind_ortvalue_input(name, value)
         io.bind_output("logits", "cpu")     # the logits go to the host anyway

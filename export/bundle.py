@@ -80,6 +80,7 @@ def export_one(src: Path, dst: Path, *, role: str, dtype: str, max_context: int 
                allow_pickle: bool, opset: int, builder: str = "torch", quiet: bool = False) -> ModelInfo:
     from .genai import export_genai
     from .graph import export_onnx
+    from .heads import KEEP, add_logits_to_keep
     from .parity import measure
 
     t0 = time.perf_counter()
@@ -93,6 +94,8 @@ def export_one(src: Path, dst: Path, *, role: str, dtype: str, max_context: int 
         else:
             export_onnx(model, dims, dst / "model.onnx", opset=opset)
             inputs, outputs = io_names(dims["num_layers"])
+        if add_logits_to_keep(dst / "model.onnx") and KEEP not in inputs:
+            inputs = [*inputs, KEEP]
     with phase(f"[{role}] parity ONNX Runtime vs PyTorch", quiet):
         parity = measure(model, dst / "model.onnx", vocab_size=dims["vocab_size"], k=k,
                          num_kv_heads=dims["num_kv_heads"], head_dim=dims["head_dim"],

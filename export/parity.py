@@ -1,7 +1,7 @@
 """Parity measured at export time: the ONNX graph, run by the runtime's own engine, against PyTorch.
 
 Cases (batch 1, as the runtime runs them):
-  prefill   P prompt tokens into an empty cache
+  prefill   P prompt tokens into an empty cache (all logits, and the last one alone: logits_to_keep)
   decode    1 token on top of the prefill (past P)
   verify    K+1 tokens on top of the prefill (past P)
   rollback  prefill -> verify K+1 -> truncate the cache to keep j of them -> decode 1 token,
@@ -51,7 +51,10 @@ def measure(model, onnx_path: Path, *, vocab_size: int, k: int, num_kv_heads: in
         torch_logits(prompt, cache)
         return cache
 
-    result["prefill"] = _diff(engine.run(prompt), torch_logits(prompt))
+    full = torch_logits(prompt)
+    last = engine.run(prompt, keep=1)           # [1, vocab]: a graph with logits_to_keep slices before its head
+    engine.truncate(0)
+    result["prefill"] = _diff(np.concatenate([engine.run(prompt), last]), np.concatenate([full, full[-1:]]))
     result["decode"] = _diff(engine.run(draft[:1]), torch_logits(draft[:1], fresh_cache()))
     engine.truncate(prompt_len)
     result["verify"] = _diff(engine.run(draft), torch_logits(draft, fresh_cache()))

@@ -173,7 +173,7 @@ class SpeculativeDecoder:
         for e in engines:       # invariant: caches hold committed tokens only, never the last one
             e.truncate(0)
             for s in range(0, len(ids) - 1, cfg.prefill_chunk):
-                e.run(np.asarray(ids[s:min(s + cfg.prefill_chunk, len(ids) - 1)]))
+                e.run(np.asarray(ids[s:min(s + cfg.prefill_chunk, len(ids) - 1)]), keep=1)
         stats.seconds_prefill = time.perf_counter() - t0
         tokens, finish = list(ids), None
         eos = () if cfg.ignore_eos else self.eos
@@ -215,7 +215,7 @@ class SpeculativeDecoder:
         feed = tokens[self.draft.length:] if k else []   # 1 token; 2 when the draft missed the last bonus
         for i in range(k):
             t0 = time.perf_counter()
-            logits = self.draft.run(np.asarray(feed))[-1:]                 # [1, vocab]
+            logits = self.draft.run(np.asarray(feed), keep=1)              # [1, vocab]
             stats.seconds_draft += time.perf_counter() - t0
             if greedy:       # point masses: the token is the argmax, q is never materialised
                 drafts.append(int(greedy_tokens(logits, params, history=tokens, drafts=drafts, first=i)[0]))

@@ -11,8 +11,9 @@ Every graph follows the same I/O contract (names as in onnxruntime-genai and opt
     inputs   input_ids int64 [batch, sequence_length]
              attention_mask int64 [batch, total_sequence_length]
              position_ids int64 [batch, sequence_length]            (optional: absent in genai graphs)
+             logits_to_keep int64 [1]       (optional: logits of the last N new positions only)
              past_key_values.{i}.key|value [batch, kv_heads, past_sequence_length, head_dim]
-    outputs  logits float32 [batch, sequence_length, vocab]        (every new position)
+    outputs  logits float32 [batch, min(logits_to_keep, sequence_length), vocab]
              present.{i}.key|value [batch, kv_heads, total_sequence_length, head_dim]
 Graphs of onnxruntime-genai's builder (`builder: "genai"`) also run with past and present bound to
 one [batch, kv_heads, max_context, head_dim] buffer, updated in place (ModelInfo.kv_in_place).

@@ -29,6 +29,7 @@ def test_architecture_parity(arch, opset, tmp_path):
         assert parity[case]["max_abs_diff"] < 1e-4, (arch, case, parity[case])
         assert 0 <= parity[case]["max_rel_diff"] < 1e-4
     assert m.models["target"].model_type == arch
+    assert m.models["target"].inputs[-1] == "logits_to_keep"      # every architecture's head is a MatMul
     # the graph follows the contract: names, order (logits first), dynamic dims
     import onnx
     g = onnx.load(tmp_path / "bundle" / "target" / "model.onnx", load_external_data=False).graph
@@ -165,15 +166,20 @@ def test_batch_is_dynamic(tmp_path, llama_target):
     ids = np.random.default_rng(0).integers(0, 256, size=(2, 7))
     feed = {"input_ids": ids[:, :4], "attention_mask": np.ones((2, 4), np.int64),
             "position_ids": np.tile(np.arange(4), (2, 1))}
-    feed.update({i.name: np.zeros((2, 2, 0, 16), np.float32) for i in sess.get_inputs()[3:]})
+    past = [i.name for i in sess.get_inputs() if i.name.startswith("past_key_values.")]
+    feed.update({name: np.zeros((2, 2, 0, 16), np.float32) for name in past})
+    feed["logits_to_keep"] = np.array([4])
     out = sess.run(None, feed)
     feed = {"input_ids": ids[:, 4:], "attention_mask": np.ones((2, 7), np.int64),
-            "position_ids": np.tile(np.arange(4, 7), (2, 1))}
-    feed.update({i.name: v for i, v in zip(sess.get_inputs()[3:], out[1:])})
+            "position_ids": np.tile(np.arange(4, 7), (2, 1)), "logits_to_keep": np.array([3])}
+    feed.update(dict(zip(past, out[1:])))
     logits = sess.run(["logits"], feed)[0]                                   # [2, 3, vocab]
     with torch.no_grad():
         ref = model(input_ids=torch.as_tensor(ids)).logits[:, 4:].numpy()
     assert logits.shape == (2, 3, 320) and np.abs(logits - ref).max() < 1e-4
+    # logits_to_keep runs the LM head on the last positions only
+    last = sess.run(["logits"], {**feed, "logits_to_keep": np.array([1])})[0]
+    assert last.shape == (2, 1, 320) and np.abs(last - ref[:, -1:]).max() < 1e-4
 
 
 def test_pair_refusals_come_before_any_export(tmp_path, llama_target, monkeypatch):
@@ -202,6 +208,7 @@ def test_genai_builder_graphs_run_in_our_runtime(tmp_path, llama_target, llama_d
     assert all(info.parity[c]["max_rel_diff"] < bound for c in CASES), info.parity
     dec = SpeculativeDecoder.from_bundle(out)
     assert dec.target.share_buffer and dec.draft.share_buffer      # genai graphs run with the in-place cache
+    assert dec.target.has_logits_to_keep and dec.draft.has_logits_to_keep
     spec, plain = (dec.generate([1, 2, 3], max_new_tokens=16, k=4, speculative=s) for s in (True, False))
     assert spec.token_ids == plain.token_ids and spec.stats.drafted > 0
     # the in-place cache against the concat one, through a rollback and a refill past the old length
