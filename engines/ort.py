@@ -206,9 +206,10 @@ class OrtEngine:
         return logits[0, -keep:, :self.vocab_size]                   # [keep, vocab]
 
     def _failed(self, e: Exception, total: int) -> EngineError:
-        return EngineError(f"ONNX Runtime failed running {self.num_layers}-layer graph at {total} tokens"
-                           f": {str(e).strip()[:300]}" + (" -- the in-place KV cache (share_buffer) needs a graph whose "
-                           "attention is GroupQueryAttention (spec-export --builder genai)" if self.share_buffer else ""))
+        hint = (" -- the in-place KV cache (share_buffer) needs a graph whose attention is GroupQueryAttention "
+                "(spec-export --builder genai)") if self.share_buffer else ""
+        return EngineError(f"ONNX Runtime failed running {self.num_layers}-layer graph at {total} tokens: "
+                           f"{str(e).strip()[:300]}{hint}")
 
     def _run_in_place(self, ids, mask, extra: dict, total: int) -> np.ndarray:
         io = self._io

@@ -3,7 +3,8 @@
 Glossary (used in names and shape comments throughout):
     p           target probabilities, [k+1, vocab]: one row per verified position
     q           draft probabilities, [k, vocab]: the distributions the draft tokens were sampled from
-    k           draft tokens proposed per round (K)
+    k           most draft tokens proposed per round (K); a round stops early after a draft token
+                whose draft top probability (its confidence) is below draft_confidence
     round       draft k tokens -> ONE target call over k+1 positions -> accept -> commit / roll back
     accepted    draft tokens kept: draft x_i survives with probability min(1, p_i(x)/q_i(x))
     recovered   the token sampled from norm(max(0, p_i - q_i)) at the first rejection

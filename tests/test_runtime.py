@@ -272,7 +272,8 @@ def test_more_bad_parameters(decoders, pair_bundles, tmp_path):
     from specedge.runtime.config import load_toml
     dec = decoders["agree"]
     for kwargs, match in [({"seed": -1}, "seed"), ({"temperature": "0.7"}, "temperature must be a number"),
-                          ({"top_k": True}, "top_k")]:
+                          ({"top_k": True}, "top_k"), ({"draft_confidence": 1.5}, "draft_confidence must be"),
+                          ({"draft_confidence": True}, "draft_confidence must be")]:
         with pytest.raises(ConfigError, match=match):
             dec.generate("x", **kwargs)
     (tmp_path / "s.toml").write_text('stop = "###"\n')
