@@ -91,12 +91,16 @@ def card(fig: dict) -> str:
             cds.append(f"{role}: none")
         else:
             cds.append(f"{role}: not recorded in the packaged `training_log.json`")
+    tvd_from = ((models["draft"]["training"]["checkpoint"] or {}).get("tvd") or {}) or None
+    tvd_from = tvd_from if tvd_from and tvd_from.get("weight") else None
     lines += ["", "Steps and tokens are the last entry of each folder's `training_log.json` (the checkpoint's "
               "training state at packaging).", "",
               f"- **Objective**: next-token cross-entropy, context {tm.CONTEXT}, batch 8 x {tm.CONTEXT} tokens, "
               f"seed {tm.SEED}, bf16 autocast with fp32 master weights (the first 3.2 M target tokens of this run were "
               "fp32). The draft is trained after the target, on the same kind of batches, with "
-              "0.1 x cross-entropy + 0.9 x KL(target || draft) to the frozen target's distribution (distillation); "
+              "0.1 x cross-entropy + 0.9 x KL(target || draft) to the frozen target's distribution (distillation)"
+              + (f", plus, from step {tvd_from['from']}, {tvd_from['weight']:g} x the total variation distance of the "
+                 f"two at temperature {tm.TVD_TEMPERATURE} (1 - alpha there); " if tvd_from else "; ") +
               f"its tied embedding starts as the target's projected onto its top {tm.DRAFT['hidden_size']} principal "
               "directions (SVD), "
               "its other weights at random.",
@@ -114,10 +118,17 @@ def card(fig: dict) -> str:
         ck = m["training"]["checkpoint"]
         steps = m["training"]["steps"]
         if ck and ck.get("cooldown"):
+            tvd, prev = ck.get("tvd") or {"weight": 0, "from": None}, 0
             for i, (start, length) in enumerate(ck.get("cooldowns", [ck["cooldown"]])):
-                lines += [f"python tools/train_demo_pair.py {role}{' --rewarm' * bool(i)} --minutes M --threads 1 "
+                flags = " --rewarm" * bool(i)
+                if tvd["weight"] and prev <= tvd["from"] < start:     # the TVD term joins mid-stage
+                    lines.append(f"python tools/train_demo_pair.py {role}{flags} --minutes M --threads 1 "
+                                 f"--until-step {tvd['from']}   # resumable: repeat until it stops there")
+                    flags = f" --tvd {tvd['weight']:g}"
+                lines += [f"python tools/train_demo_pair.py {role}{flags} --minutes M --threads 1 "
                           f"--until-step {start}   # resumable: repeat until it stops at step {start}",
                           f"python tools/train_demo_pair.py cooldown --model {role} --steps {length}"]
+                prev = start + length
         else:
             lines.append(f"python tools/train_demo_pair.py {role} --minutes M --threads 1   "
                          f"# resumable; the packaged {role} stopped at step {steps}")

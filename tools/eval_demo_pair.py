@@ -235,7 +235,7 @@ def checkpoint_state(work: Path | None, kind: str, last_step: int | None) -> dic
     # every finished cool-down, oldest first: a `--rewarm` run trains on after each but the last
     cooldowns = [st["cooldown"] for st in state.get("stages", [])] + [state["cooldown"]] * bool(state.get("cooldown"))
     return {"step": state["step"], "tokens": state["tokens"], "cooldown": state.get("cooldown"),
-            "cooldowns": cooldowns}
+            "cooldowns": cooldowns, "tvd": state.get("tvd")}
 
 
 def model_facts(folder: Path, bundle: Path, role: str, work: Path | None) -> dict:

@@ -9,7 +9,8 @@ stopped. Phases, run in order (each one needs the previous):
   target    train the target (LlamaForCausalLM, GQA) at constant LR after warm-up
             (warm-up/stable/decay: the budget is open-ended, a cool-down ends it)
   draft     train the draft: KL to the (frozen) target's distribution plus a little CE on the
-            corpus; its tied embedding starts as the target's, projected to 128 dims (SVD)
+            corpus; its tied embedding starts as the target's, projected to 128 dims (SVD);
+            --tvd W adds W x the total variation distance at T=0.8 (1 - alpha there)
   cooldown  linear decay of the LR to 0 over --steps steps for --model target|draft
   package   write both as Hugging Face folders (fp16 safetensors, config, generation_config,
             tokenizer) into --out, plus held-out prompts and figures for the model card
@@ -41,6 +42,7 @@ CONTEXT = 256
 VOCAB = 8192
 SPECIALS = ["<|endoftext|>", "<|pad|>"]
 HELD_OUT_PERCENT = 4
+TVD_TEMPERATURE = 0.8    # the sampled benchmark's temperature: --tvd optimises acceptance there
 
 TARGET = dict(hidden_size=384, intermediate_size=1024, num_hidden_layers=6, num_attention_heads=6,
               num_key_value_heads=2)
@@ -245,6 +247,12 @@ def train(kind: str, work: Path, args) -> None:
         state.setdefault("stages", []).append({"step": state["step"], "cooldown": cd})
         state["cooldown"], state["warm_from"] = None, state["step"]
         print(f"re-warming {kind} from step {state['step']}")
+    tvd = state.get("tvd", {"weight": 0.0, "from": None})
+    if getattr(args, "tvd", None) is not None and args.tvd != tvd["weight"]:
+        if tvd["weight"]:
+            raise SystemExit(f"{ckpt} trains with --tvd {tvd['weight']} since step {tvd['from']}; it cannot change")
+        tvd = state["tvd"] = {"weight": args.tvd, "from": state["step"]}
+        print(f"{kind}: + {args.tvd} x TVD at T={TVD_TEMPERATURE} from step {state['step']}")
     if args.phase == "cooldown":
         if state["cooldown"] is None:
             state["cooldown"] = (state["step"], args.steps)
@@ -283,6 +291,10 @@ def train(kind: str, work: Path, args) -> None:
             kl = torch.nn.functional.kl_div(torch.log_softmax(logits, -1), t_logp, log_target=True,
                                             reduction="batchmean") / CONTEXT
             loss = 0.1 * loss + 0.9 * kl     # acceptance is agreement with the target, not with the corpus
+            if tvd["weight"]:   # 1 - alpha at temperature T is this total variation distance (DistillSpec)
+                p_t = torch.softmax(t_logits / TVD_TEMPERATURE, -1)
+                q_t = torch.softmax(logits / TVD_TEMPERATURE, -1)
+                loss = loss + tvd["weight"] * 0.5 * (p_t - q_t).abs().sum(-1).mean()
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -402,6 +414,8 @@ def main(argv=None) -> None:
                     help="target/draft: stop at this step (to reproduce a recorded run exactly)")
     ap.add_argument("--rewarm", action="store_true",
                     help="target/draft: train on after a finished cool-down (LR warms up again; cool down later)")
+    ap.add_argument("--tvd", type=float, default=None,
+                    help="draft: add W x total variation distance to the target at T=0.8 (kept by the checkpoint)")
     ap.add_argument("--out", type=Path, default=Path("models"))
     args = ap.parse_args(argv)
     if args.phase == "data":
