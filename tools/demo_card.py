@@ -6,7 +6,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from eval_demo_pair import CONTEXT, K, TEMPERATURE, THREADS, train_module
+from eval_demo_pair import CONTEXT, K, ROOT, TEMPERATURE, THREADS, train_module
+
+
+def _rel(path: str) -> str:
+    p = Path(path)
+    return str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else str(p)
 
 
 def _mb(n: int) -> str:
@@ -144,10 +149,11 @@ def card(fig: dict) -> str:
     mark = lambda ok: "**pass**" if ok else "**FAIL**"
     lines += ["## Measured figures", "",
               f"Measured by `{fig['command']}` with specedge's own runtime on the ONNX fp32 bundle "
-              f"(`{fig['bundle']['path']}`), onnxruntime {fig['env']['onnxruntime']}, {THREADS} thread, "
+              f"(`{_rel(fig['bundle']['path'])}`), onnxruntime {fig['env']['onnxruntime']}, {THREADS} thread, "
               f"{fig['env']['machine']}, {fig['env']['date']}, commit {fig['env']['git_head']}; "
               f"{fig['seconds_total']:.0f} s in all (1-minute load average {fig['env'].get('loadavg_1min_start')} "
-              f"at the start: other jobs shared the machine).", "",
+              f"at the start, {fig['env'].get('loadavg_1min_end')} at the end; it trails by about a minute and "
+              f"counts this run too).", "",
               "### Quality bars (issue 4)", "", "| bar | measured | required | |", "|---|---|---|---|",
               f"| target held-out top-1 accuracy | {b['target_top1']['value']:.3f} | >= 0.45 | "
               f"{mark(b['target_top1']['pass'])} |",
