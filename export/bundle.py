@@ -118,8 +118,11 @@ def export_one(src: Path, dst: Path, *, role: str, dtype: str, max_context: int 
                      opset=opset if builder == "torch" else 0, builder=builder, weights=dtype, **dims)
 
 
+QUANTIZED = ("int4", "int8")     # weight-only precisions of the genai builder (MatMulNBits)
+
+
 def _reference_dtype(dtype: str) -> str:
-    return "fp32" if dtype == "int4" else dtype
+    return "fp32" if dtype in QUANTIZED else dtype
 
 
 @contextlib.contextmanager
@@ -166,7 +169,8 @@ def _check_prompts(path: Path) -> None:
                 raise ExportError(f"{path}:{n}: each line must be a JSON object with a string 'prompt'")
 
 
-def export_bundle(*, target: Path, draft: Path | None, out: Path, dtype: str = "fp32", k: int = 8,
+def export_bundle(*, target: Path, draft: Path | None, out: Path, dtype: str = "fp32", draft_dtype: str | None = None,
+                  k: int = 8,
                   max_context: int | None = None, prompts: Path | None = None, overwrite: bool = False,
                   allow_pickle: bool = False, opset: int | None = None, builder: str = "torch",
                   quiet: bool = False) -> Manifest:
@@ -182,11 +186,14 @@ def export_bundle(*, target: Path, draft: Path | None, out: Path, dtype: str = "
         raise ExportError(f"--opset {opset} is not supported; use one of {', '.join(map(str, OPSETS))}")
     if builder not in ("torch", "genai"):
         raise ExportError(f"--builder {builder!r} is not supported; use torch or genai")
-    if dtype == "int4" and builder != "genai":
-        raise ExportError("--dtype int4 needs --builder genai (onnxruntime-genai's int4 MatMulNBits graphs)")
     sources = {"target": Path(target)} | ({"draft": Path(draft)} if draft else {})
+    # an int8 draft beside an fp32 target: the draft's precision moves its speed, never the output's law
+    dtypes = {"target": dtype, "draft": draft_dtype or dtype}
+    for flag, d in (("--dtype", dtype), ("--draft-dtype", draft_dtype)):
+        if d in QUANTIZED and builder != "genai":
+            raise ExportError(f"{flag} {d} needs --builder genai (onnxruntime-genai's MatMulNBits graphs)")
     # fail fast: every refusal before any heavy work
-    dims = {role: check_source(src, dtype=_reference_dtype(dtype), max_context=max_context,
+    dims = {role: check_source(src, dtype=_reference_dtype(dtypes[role]), max_context=max_context,
                                allow_pickle=allow_pickle)
             for role, src in sources.items()}
     if prompts:
@@ -199,7 +206,7 @@ def export_bundle(*, target: Path, draft: Path | None, out: Path, dtype: str = "
                           f"the tokenizer does not belong to these models")
     eos_ids, generation = generation_defaults(sources["target"])
     with staged(Path(out), overwrite=overwrite) as tmp:     # refuses an existing --out before any work
-        models = {role: export_one(src, tmp / role, role=role, dtype=dtype, max_context=max_context, k=k,
+        models = {role: export_one(src, tmp / role, role=role, dtype=dtypes[role], max_context=max_context, k=k,
                                    allow_pickle=allow_pickle, opset=opset, builder=builder, quiet=quiet)
                   for role, src in sources.items()}
         (tmp / "tokenizer.json").write_text(toks["target"], encoding="utf-8")

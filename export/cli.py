@@ -1,6 +1,6 @@
 """spec-export: Hugging Face causal LM folder(s) -> ONNX bundle with a manifest.
 
-  spec-export --target DIR --draft DIR --out BUNDLE [--dtype fp32|fp16] [--max-draft-tokens K]
+  spec-export --target DIR --draft DIR --out BUNDLE [--dtype fp32|fp16] [--draft-dtype D] [--max-draft-tokens K]
               [--max-context N] [--prompts FILE] [--overwrite] [--allow-pickle]
   spec-export model DIR --out OUT [same options]
 """
@@ -15,8 +15,11 @@ from .loader import ExportError
 
 def _common(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--out", type=Path, required=True, help="bundle folder to write")
-    ap.add_argument("--dtype", default="fp32", choices=["fp32", "fp16", "int4"],
-                    help="weights (and KV cache) dtype; logits are always fp32; int4 needs --builder genai")
+    ap.add_argument("--dtype", default="fp32", choices=["fp32", "fp16", "int8", "int4"],
+                    help="weights (and KV cache) dtype; logits are always fp32; int8/int4 need --builder genai")
+    ap.add_argument("--draft-dtype", default=None, choices=["fp32", "fp16", "int8", "int4"],
+                    help="the draft's weights, if not --dtype (e.g. int8: a cheaper draft step; the output's "
+                         "law never depends on the draft)")
     ap.add_argument("--builder", default="torch", choices=["torch", "genai"],
                     help="torch: torch.onnx dynamo export (default); genai: onnxruntime-genai's model builder "
                          "(fused attention/norm graphs, int4 weights; needs onnxruntime-genai)")
@@ -50,7 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     from .bundle import export_bundle
     try:
         export_bundle(target=args.model if single else args.target, draft=None if single else args.draft,
-                      out=args.out, dtype=args.dtype, k=args.max_draft_tokens, max_context=args.max_context,
+                      out=args.out, dtype=args.dtype, draft_dtype=args.draft_dtype, k=args.max_draft_tokens,
+                      max_context=args.max_context,
                       prompts=args.prompts, overwrite=args.overwrite, allow_pickle=args.allow_pickle,
                       opset=args.opset, builder=args.builder, quiet=args.quiet)
     except ExportError as e:

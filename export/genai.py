@@ -18,7 +18,7 @@ from pathlib import Path
 
 from .loader import ExportError
 
-PRECISIONS = {"fp32": "fp32", "fp16": "fp16", "int4": "int4"}
+PRECISIONS = {"fp32": "fp32", "fp16": "fp16", "int8": "int8", "int4": "int4"}
 
 
 def run_builder(src: Path, out: Path, *, precision: str, timeout: int = 3600) -> None:

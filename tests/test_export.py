@@ -196,14 +196,17 @@ def test_pair_refusals_come_before_any_export(tmp_path, llama_target, monkeypatc
 
 @pytest.mark.parametrize("dtype", ["fp32", "int4"])
 def test_genai_builder_graphs_run_in_our_runtime(tmp_path, llama_target, llama_drafts, dtype):
-    """onnxruntime-genai's fused graphs (no position_ids, symbolic head_dim) under our manifest."""
+    """onnxruntime-genai's fused graphs (no position_ids, symbolic head_dim) under our manifest; the fp32
+    target's draft in int8 (a draft's precision changes its speed, never the output)."""
     pytest.importorskip("onnxruntime_genai")
     from specedge.runtime import SpeculativeDecoder
     out = tmp_path / dtype
+    draft_dtype = "int8" if dtype == "fp32" else None
     m = export_bundle(target=llama_target, draft=llama_drafts["agree"], out=out, builder="genai", dtype=dtype,
-                      k=4, max_context=128, quiet=True)
+                      draft_dtype=draft_dtype, k=4, max_context=128, quiet=True)
     info = m.models["target"]
     assert info.builder == "genai" and info.weights == dtype and "position_ids" not in info.inputs
+    assert m.models["draft"].weights == (draft_dtype or dtype)
     bound = 1e-4 if dtype == "fp32" else 0.5          # int4 of random weights is lossy; fp32 is exact
     assert all(info.parity[c]["max_rel_diff"] < bound for c in CASES), info.parity
     dec = SpeculativeDecoder.from_bundle(out)
@@ -232,6 +235,12 @@ def test_in_place_cache_needs_a_gqa_graph(pair_bundles):
     engine = OrtEngine(path, share_buffer=True, max_context=64)
     with pytest.raises(EngineError, match="GroupQueryAttention"):
         engine.run(np.array([1, 2, 3]))
+
+
+def test_int8_draft_needs_the_genai_builder(tmp_path, llama_target, llama_drafts):
+    with pytest.raises(ExportError, match="--draft-dtype int8 needs --builder genai"):
+        export_bundle(target=llama_target, draft=llama_drafts["agree"], out=tmp_path / "b", draft_dtype="int8")
+    assert not (tmp_path / "b").exists()
 
 
 def test_int4_needs_the_genai_builder(tmp_path, llama_target):
