@@ -92,32 +92,32 @@ def plot(result: dict, path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+def _md(columns: list[str], rows: list[list[str]]) -> list[str]:
+    return (["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+            + ["| " + " | ".join(r) + " |" for r in rows])
+
+
 def table(result: dict) -> str:
-    rows = ["| mode | target-only tok/s | spec tok/s | best K | speedup | alpha | c | bound | efficiency |",
-            "|---|---|---|---|---|---|---|---|---|"]
-    for mode in MODES:
-        r = result[mode]
-        rows.append(f"| {mode} | {r['plain_tps']:.1f} | {r['spec_tps']:.1f} | {r['best_k']} | {r['speedup']:.2f}x | "
-                    f"{r['alpha']:.3f} | {r['c']:.3f} | {r['bound']:.2f}x | {r['efficiency']:.2f} |")
-    rows += ["", "| mode (best K) | host ms/round | c in the loop | r(K) in the loop | bound from in-loop costs |",
-             "|---|---|---|---|---|"]
-    for mode in MODES:
-        r = result[mode]
-        rows.append(f"| {mode} | {r['host_ms_per_round']:.3f} | {r['c_loop']:.3f} | {r['r_loop']:.2f} | "
-                    f"{r['bound_loop']:.2f}x |")
-    rows += ["", "| mode | loop defaults: spec tok/s | speedup | K at most | draft confidence | drafts/round | alpha |",
-             "|---|---|---|---|---|---|---|"]
-    for mode in MODES:
-        d = result[mode]["default"]
-        rows.append(f"| {mode} | {d['tps']:.1f} | {d['speedup']:.2f}x | {d['k']} | {d['draft_confidence']} | "
-                    f"{d['drafts_per_round']:.2f} | {d['alpha']:.3f} |")
+    ours = [result[mode] for mode in MODES]
+    rows = _md(["mode", "target-only tok/s", "spec tok/s", "best K", "speedup", "alpha", "c", "bound", "efficiency"],
+               [[m, f"{r['plain_tps']:.1f}", f"{r['spec_tps']:.1f}", f"{r['best_k']}", f"{r['speedup']:.2f}x",
+                 f"{r['alpha']:.3f}", f"{r['c']:.3f}", f"{r['bound']:.2f}x", f"{r['efficiency']:.2f}"]
+                for m, r in zip(MODES, ours)])
+    rows += [""] + _md(["mode (best K)", "host ms/round", "c in the loop", "r(K) in the loop",
+                        "bound from in-loop costs"],
+                       [[m, f"{r['host_ms_per_round']:.3f}", f"{r['c_loop']:.3f}", f"{r['r_loop']:.2f}",
+                         f"{r['bound_loop']:.2f}x"] for m, r in zip(MODES, ours)])
+    rows += [""] + _md(["mode", "loop defaults: spec tok/s", "speedup", "K at most", "draft confidence", "drafts/round",
+                        "alpha"],
+                       [[m, f"{d['tps']:.1f}", f"{d['speedup']:.2f}x", f"{d['k']}", f"{d['draft_confidence']}",
+                         f"{d['drafts_per_round']:.2f}", f"{d['alpha']:.3f}"]
+                        for m, d in zip(MODES, (r["default"] for r in ours))])
     peers = result.get("peers")
     if peers:
-        rows += ["", "| mode | " + " | ".join(k for keys in PEER_KEYS.values() for k in keys) + " |",
-                 "|---|---|---|---|---|"]
-        for mode in MODES:
-            vals = [peers.get(mode, {}).get(k) for keys in PEER_KEYS.values() for k in keys]
-            rows.append(f"| {mode} | " + " | ".join("n/a" if v is None else f"{v:.1f}" for v in vals) + " |")
+        keys = [k for pair in PEER_KEYS.values() for k in pair]
+        rows += [""] + _md(["mode"] + keys,
+                           [[m] + ["n/a" if v is None else f"{v:.1f}" for v in (peers.get(m, {}).get(k) for k in keys)]
+                            for m in MODES])
     return "\n".join(rows)
 
 

@@ -211,12 +211,16 @@ class OrtEngine:
         return EngineError(f"ONNX Runtime failed running {self.num_layers}-layer graph at {total} tokens: "
                            f"{str(e).strip()[:300]}{hint}")
 
-    def _run_in_place(self, ids, mask, extra: dict, total: int) -> np.ndarray:
+    def _bind_new_inputs(self, ids, mask, extra: dict):
         io = self._io
         io.bind_cpu_input("input_ids", ids)  # ids, mask, extra stay referenced until the run ends
         io.bind_cpu_input("attention_mask", mask)
         for name, value in extra.items():
             io.bind_cpu_input(name, value)
+        return io
+
+    def _run_in_place(self, ids, mask, extra: dict, total: int) -> np.ndarray:
+        io = self._bind_new_inputs(ids, mask, extra)
         io.bind_output("logits", "cpu")     # re-bound: its shape changes with len(ids)
         try:
             self.session.run_with_iobinding(io)
@@ -243,11 +247,7 @@ class OrtEngine:
         cache = self._cache
         if cache[0].shape()[2] != past:      # rolled back: slice the kept prefix where it lives
             cache = self._slicer(cache, past) if past else [self._empty] * len(cache)
-        io, (device, device_id) = self._io, self.device
-        io.bind_cpu_input("input_ids", ids)  # ids, mask, extra stay referenced until the run ends
-        io.bind_cpu_input("attention_mask", mask)
-        for name, value in extra.items():
-            io.bind_cpu_input(name, value)
+        io, (device, device_id) = self._bind_new_inputs(ids, mask, extra), self.device
         for name, value in zip(self.past_names, cache):
             io.bind_ortvalue_input(name, value)
         io.bind_output("logits", "cpu")     # the logits go to the host anyway

@@ -1,12 +1,22 @@
 """The demo pair's model card (markdown), rendered from the figures tools/eval_demo_pair.py wrote.
 
-Nothing is measured here: `python tools/eval_demo_pair.py --from-json models/eval.json` re-renders it.
+The eval imports this file, not the other way: the settings come with the figures. Nothing is measured
+here: `python tools/eval_demo_pair.py --from-json models/eval.json` re-renders it.
 """
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
-from eval_demo_pair import CONTEXT, K, ROOT, TEMPERATURE, THREADS, train_module
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def train_module():
+    """tools/train_demo_pair.py (not a package): its recipe constants are the card's to state."""
+    spec = importlib.util.spec_from_file_location("train_demo_pair", ROOT / "tools" / "train_demo_pair.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def _rel(path: str) -> str:
@@ -40,6 +50,8 @@ def overlap_line(fig: dict) -> str:
 def card(fig: dict) -> str:
     """The model card (markdown) from the figures this script wrote; nothing else is measured here."""
     tm = train_module()
+    K, TEMPERATURE, THREADS = (fig["settings"][key] for key in ("k", "temperature", "threads"))
+    CONTEXT = tm.CONTEXT
     data, models, ho, gen = fig["data"], fig["models"], fig["heldout"], fig["generation"]
     g, sc = gen["all"], fig["step_costs"]
     lines = ["# specedge demo pair: model card", "",

@@ -42,7 +42,9 @@ from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from demo_card import ROOT, card, train_module  # noqa: E402  (the card's rendering; this file measures)
+
 CONTEXT = 256            # the training context; windows are CONTEXT + 1 tokens
 K = 4
 TEMPERATURE = 0.8
@@ -61,14 +63,6 @@ BARS = [
 
 def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
-
-
-def train_module():
-    """tools/train_demo_pair.py as a module (its top level needs only numpy): recipe constants."""
-    spec = importlib.util.spec_from_file_location("train_demo_pair", ROOT / "tools" / "train_demo_pair.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 # -- 1. the bundle -----------------------------------------------------------------------------------
@@ -233,7 +227,9 @@ def checkpoint_state(work: Path | None, kind: str, last_step: int | None) -> dic
             f"its cool-down is not reported")
         return None
     # every finished cool-down, oldest first: a `--rewarm` run trains on after each but the last
-    cooldowns = [st["cooldown"] for st in state.get("stages", [])] + [state["cooldown"]] * bool(state.get("cooldown"))
+    cooldowns = [st["cooldown"] for st in state.get("stages", [])]
+    if state.get("cooldown"):
+        cooldowns.append(state["cooldown"])
     return {"step": state["step"], "tokens": state["tokens"], "cooldown": state.get("cooldown"),
             "cooldowns": cooldowns, "tvd": state.get("tvd")}
 
@@ -427,8 +423,6 @@ def main(argv: list[str] | None = None) -> int:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(fig, indent=1) + "\n")
         log(f"wrote {args.json}")
-    sys.path.insert(0, str(ROOT / "tools"))
-    from demo_card import card      # the rendering, apart: this file measures
     args.card.parent.mkdir(parents=True, exist_ok=True)
     args.card.write_text(card(fig))
     log(f"wrote {args.card}")
