@@ -7,7 +7,7 @@ import sys
 
 from specedge.engines.base import EngineError
 
-from .config import ConfigError, GenerationConfig, SamplingParams, load_toml
+from .config import DEFAULT_K, ConfigError, GenerationConfig, SamplingParams, load_toml
 from .manifest import BundleError
 
 _G, _S = GenerationConfig(), SamplingParams()
@@ -27,7 +27,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--top-k", type=int, help="0 = off (default)")
     ap.add_argument("--top-p", type=float, help="1 = off (default)")
     ap.add_argument("--repetition-penalty", type=float, help="1 = off (default)")
-    ap.add_argument("--k", type=int, help=f"most draft tokens per round (default {_G.k})")
+    ap.add_argument("--k", type=int, help=f"most draft tokens per round (default: {DEFAULT_K}, or the "
+                    f"bundle's max draft tokens when lower)")
     ap.add_argument("--draft-confidence", type=float,
                     help=f"stop drafting after a token the draft gives less than this probability "
                          f"(0 = always k; default {_G.draft_confidence})")

@@ -35,10 +35,13 @@ class SamplingParams:
         return self.temperature == 0
 
 
+DEFAULT_K = 6     # k when none is given, bounded by the bundle's max_draft_tokens
+
+
 @dataclass(frozen=True)
 class GenerationConfig:
     max_new_tokens: int = 128
-    k: int = 6                        # most draft tokens per round; bounded by the bundle's max_draft_tokens
+    k: int | None = None              # most draft tokens per round; None: min(DEFAULT_K, the bundle's max)
     speculative: bool = True          # False: target-only decoding through the same loop (k = 0)
     # a round stops drafting after a token whose draft top probability is below this (0 = always k):
     # unlikely drafts cost a draft step and a wider verify. 0.3 with k = 6 beat every fixed k on the
@@ -53,8 +56,9 @@ class GenerationConfig:
     def __post_init__(self):
         if not (isinstance(self.max_new_tokens, int) and self.max_new_tokens >= 1):
             raise ConfigError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens}")
-        if not (isinstance(self.k, int) and self.k >= 1):
-            raise ConfigError(f"k (draft tokens per round) must be an integer >= 1, got {self.k}")
+        if self.k is not None and (isinstance(self.k, bool) or not (isinstance(self.k, int) and self.k >= 1)):
+            raise ConfigError(f"k (draft tokens per round) must be an integer >= 1 (or None: the bundle's "
+                              f"default), got {self.k!r}")
         if isinstance(self.draft_confidence, bool) or not (isinstance(self.draft_confidence, (int, float))
                                                             and 0 <= self.draft_confidence <= 1):
             raise ConfigError(f"draft_confidence must be a number in [0, 1] (0 = off), got {self.draft_confidence!r}")

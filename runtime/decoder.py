@@ -8,7 +8,7 @@ from typing import Iterator
 
 import numpy as np
 
-from .config import ConfigError, GenerationConfig
+from .config import DEFAULT_K, ConfigError, GenerationConfig
 from .manifest import BundleError, Manifest
 from .sampling import accept, accept_greedy, confidence, greedy_tokens, probs, sample
 from .text import TextStream
@@ -89,6 +89,11 @@ class SpeculativeDecoder:
         self.max_draft_tokens = max_draft_tokens
         self.config = config
 
+    @property
+    def default_k(self) -> int:
+        """Draft tokens per round when the config gives none: DEFAULT_K, bounded by the bundle."""
+        return min(DEFAULT_K, self.max_draft_tokens)
+
     @classmethod
     def from_bundle(cls, path: str | Path, *, providers: list[str] | None = None, threads: int = 0,
                     speculative: bool = True, config: GenerationConfig = GenerationConfig()):
@@ -120,8 +125,6 @@ class SpeculativeDecoder:
             engines[role] = e
         if not speculative:
             config = replace(config, speculative=False)
-        if config.k > m.max_draft_tokens and config.k == GenerationConfig.k:   # the default, not a choice
-            config = replace(config, k=m.max_draft_tokens)
         return cls(target=engines["target"], draft=engines.get("draft"), tokenizer=tokenizer,
                    vocab_size=m.vocab_size, eos_token_ids=m.eos_token_ids, max_context=m.max_context,
                    max_draft_tokens=m.max_draft_tokens, config=config)
@@ -137,7 +140,9 @@ class SpeculativeDecoder:
     def stream(self, prompt, **overrides) -> Stream:
         """Like generate(), but iterate for text pieces as soon as they are committed."""
         cfg = self.config.updated(**overrides)
-        if cfg.speculative and self.draft is not None and cfg.k > self.max_draft_tokens:
+        if cfg.k is None:
+            cfg = replace(cfg, k=self.default_k)
+        elif cfg.speculative and self.draft is not None and cfg.k > self.max_draft_tokens:
             raise ConfigError(f"k={cfg.k} exceeds the bundle's max draft tokens ({self.max_draft_tokens}); "
                               f"use k <= {self.max_draft_tokens} or re-export with --max-draft-tokens {cfg.k}")
         ids = self.encode(prompt)

@@ -267,6 +267,19 @@ def test_stop_string_trims_ids_the_same_way_for_every_k(decoders):
         assert spec.token_ids == plain.token_ids and spec.stats.new_tokens == len(plain.token_ids)
 
 
+def test_default_k_follows_the_bundle_and_explicit_k_is_checked(decoders):
+    dec = decoders["agree"]                                   # exported with max draft tokens 8
+    assert dec.generate("x", max_new_tokens=8).stats.k == 6
+    small = SpeculativeDecoder(target=dec.target, draft=dec.draft, tokenizer=dec.tokenizer,
+                               vocab_size=dec.vocab_size, eos_token_ids=dec.eos, max_context=dec.max_context,
+                               max_draft_tokens=3)
+    assert small.default_k == 3 and small.generate("x", max_new_tokens=8).stats.k == 3
+    with pytest.raises(ConfigError, match="exceeds the bundle's max draft tokens"):
+        small.generate("x", k=6)                              # an explicit k is a choice: refused, not clamped
+    with pytest.raises(ConfigError, match="k \\(draft tokens"):
+        dec.generate("x", k=True)
+
+
 def test_more_bad_parameters(decoders, pair_bundles, tmp_path):
     from specedge.runtime import SamplingParams, probs
     from specedge.runtime.config import load_toml

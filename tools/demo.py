@@ -86,8 +86,8 @@ def main(argv: list[str]) -> int:
     settings = dict(max_new_tokens=96, temperature=0.0)      # the decoder's defaults for the rest
     for spec in (True, False):                 # warm-up: first calls pay one-time allocation costs
         dec.generate(prompt, max_new_tokens=8, speculative=spec)
-    cfg = dec.config
-    print(f"\n--- prompt ---\n{prompt}\n--- completion (speculative: up to k={cfg.k} drafts a round, fewer after "
+    cfg, k = dec.config, dec.config.k or dec.default_k
+    print(f"\n--- prompt ---\n{prompt}\n--- completion (speculative: up to k={k} drafts a round, fewer after "
           f"one the draft gives < {cfg.draft_confidence}; greedy) ---")
     sys.stdout.write(prompt)
     stream = dec.stream(prompt, **settings)
