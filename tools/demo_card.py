@@ -47,6 +47,38 @@ def overlap_line(fig: dict) -> str:
             f"{100 * ov['bytes_fraction']:.1f} % of the held-out bytes.")
 
 
+def ul_lines(models: dict) -> list[str]:
+    """The target's fine-tune against greedy loops, when its checkpoint records one."""
+    ul = (models["target"]["training"]["checkpoint"] or {}).get("unlikelihood")
+    if not ul:
+        return []
+    teachers = (models["draft"]["training"]["checkpoint"] or {}).get("teachers") or []
+    after = (f" The draft distilled from the target as it was before this until its step {teachers[1]['from']}, "
+             "and from the fine-tuned target after." if len(teachers) > 1 else "")
+    return [f"- **Against loops** (target, steps {ul['from']} -> {ul['from'] + ul['steps']}, after its cool-down): "
+            "sequence-level unlikelihood (Welleck et al. 2020). Each step greedily continues "
+            f"{ul['new']} tokens after the last {ul['prefix']} tokens of 8 function openings from training files "
+            f"(EOS ignored) and adds {ul['weight']:g} x -log(1 - p) of every token of a {ul['ngram']}-gram "
+            "already seen in that continuation; KL to the target as it was, on the usual batches, keeps its "
+            f"distribution on real code. LR {ul['lr']:g}, {ul['warmup']}-step warm-up, linear decay to 0." + after]
+
+
+def draft_stage_lines(models: dict) -> list[str]:
+    """The draft's on-policy rows and lower-LR stages, when its checkpoint records them."""
+    ck = models["draft"]["training"]["checkpoint"] or {}
+    out = []
+    onp = ck.get("on_policy") or {}
+    if onp.get("rows"):
+        out.append(f"- **On-policy rows** (draft, from step {onp['from']}): in {onp['rows']} of the 8 rows of every "
+                   "batch the target continues the row's first half by sampling at temperature "
+                   f"0.8, so the draft also learns the contexts the sampled benchmark puts it in (DistillSpec, GKD).")
+    stages = [(c, lr) for c, lr in zip(ck.get("cooldowns") or [], ck.get("lrs") or []) if lr]
+    if stages:
+        out.append("- **Lower-LR stages** (draft): " + "; ".join(
+            f"the stage cooled down from step {c[0]} peaks at LR {lr:g}" for c, lr in stages) + ".")
+    return out
+
+
 def card(fig: dict) -> str:
     """The model card (markdown) from the figures this script wrote; nothing else is measured here."""
     tm = train_module()
@@ -121,6 +153,7 @@ def card(fig: dict) -> str:
               f"its tied embedding starts as the target's projected onto its top {tm.DRAFT['hidden_size']} principal "
               "directions (SVD), "
               "its other weights at random.",
+              *ul_lines(models), *draft_stage_lines(models),
               "- **Optimizer**: AdamW, betas (0.9, 0.95), weight decay 0.1, gradient clipping 1.0; "
               "peak LR 2e-3 (target) / 3e-3 (draft).",
               "- **Schedule**: warm-up / stable / decay: linear warm-up over 200 steps, then constant LR for an "
@@ -130,18 +163,34 @@ def card(fig: dict) -> str:
     lines += ["## Reproduce", "", "```sh",
               ". .venv/bin/activate            # dev venv with torch + transformers (tools/dev.py)",
               "python tools/train_demo_pair.py data"]
+    ul = (models["target"]["training"]["checkpoint"] or {}).get("unlikelihood")
+    teachers = (models["draft"]["training"]["checkpoint"] or {}).get("teachers") or []
+    ul_at = teachers[1]["from"] if ul and len(teachers) > 1 else 0    # draft step from which it distils the fine-tune
+    ul_cmd = "python tools/train_demo_pair.py unlikelihood   # resumable; the draft's later stages distil from it"
     for role in ("target", "draft"):
         m = models[role]
         ck = m["training"]["checkpoint"]
         steps = m["training"]["steps"]
+        if role == "draft" and ul and not ul_at:
+            lines.append(ul_cmd)
         if ck and ck.get("cooldown"):
             tvd, prev = ck.get("tvd") or {"weight": 0, "from": None}, 0
             for i, (start, length) in enumerate(ck.get("cooldowns", [ck["cooldown"]])):
-                flags = " --rewarm" * bool(i)
+                if role == "draft" and ul_at and prev <= ul_at < start:
+                    lines.append(ul_cmd)
+                lr = (ck.get("lrs") or [None] * (i + 1))[i]
+                flags = " --rewarm" * bool(i) + (f" --lr {lr:g}" if lr else "")
                 if tvd["weight"] and prev <= tvd["from"] < start:     # the TVD term joins mid-stage
                     lines.append(f"python tools/train_demo_pair.py {role}{flags} --minutes M --threads 1 "
                                  f"--until-step {tvd['from']}   # resumable: repeat until it stops there")
                     flags = f" --tvd {tvd['weight']:g}"
+                onp = ck.get("on_policy") or {"rows": 0, "from": None}
+                if onp["rows"] and prev <= onp["from"] < start:     # target-continued rows join here
+                    if onp["from"] > prev:
+                        lines.append(f"python tools/train_demo_pair.py {role}{flags} --minutes M --threads 1 "
+                                     f"--until-step {onp['from']}   # resumable: repeat until it stops there")
+                        flags = ""
+                    flags += f" --on-policy {onp['rows']}"
                 lines += [f"python tools/train_demo_pair.py {role}{flags} --minutes M --threads 1 "
                           f"--until-step {start}   # resumable: repeat until it stops at step {start}",
                           f"python tools/train_demo_pair.py cooldown --model {role} --steps {length}"]
@@ -151,7 +200,7 @@ def card(fig: dict) -> str:
                          f"# resumable; the packaged {role} stopped at step {steps}")
     lines += ["python tools/train_demo_pair.py package --out models/",
               fig["command"], "```", "",
-              "The target must be final before the draft phase (the draft distils from `target.pt`). Batches "
+              "Run the commands in this order: the draft distils from whatever `target.pt` holds when it runs. Batches "
               "depend on the step alone, so a resumed run sees the data of an uninterrupted one; results agree up to "
               "floating-point reduction order (thread count, CPU). Phases are "
               "time-budgeted (`--minutes`) and resume from checkpoints under `~/.cache/specedge/demo`; on a CUDA "

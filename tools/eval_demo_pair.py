@@ -228,10 +228,13 @@ def checkpoint_state(work: Path | None, kind: str, last_step: int | None) -> dic
         return None
     # every finished cool-down, oldest first: a `--rewarm` run trains on after each but the last
     cooldowns = [st["cooldown"] for st in state.get("stages", [])]
+    lrs = [st.get("lr") for st in state.get("stages", [])]          # each stage's peak LR (None: the base)
     if state.get("cooldown"):
         cooldowns.append(state["cooldown"])
+        lrs.append(state.get("lr"))
     return {"step": state["step"], "tokens": state["tokens"], "cooldown": state.get("cooldown"),
-            "cooldowns": cooldowns, "tvd": state.get("tvd")}
+            "cooldowns": cooldowns, "tvd": state.get("tvd"), "unlikelihood": state.get("unlikelihood"),
+            "teachers": state.get("teachers"), "on_policy": state.get("on_policy"), "lrs": lrs}
 
 
 def model_facts(folder: Path, bundle: Path, role: str, work: Path | None) -> dict:
