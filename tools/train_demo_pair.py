@@ -411,6 +411,9 @@ def unlikelihood(work: Path, args) -> None:
                              "run `cooldown --model target` first")
         ul = state["unlikelihood"] = {"from": state["step"], **UNLIKELIHOOD}
         torch.save({"model": saved["model"], "step": state["step"]}, anchor_path)
+    elif state["step"] >= ul["from"] + ul["steps"]:
+        print(f"unlikelihood: done at step {state['step']}; nothing to do")
+        return
     model, anchor = build("target").to(dev), build("target").to(dev)
     model.load_state_dict(saved["model"])
     anchor.load_state_dict(torch.load(anchor_path, map_location=dev, weights_only=False)["model"])
