@@ -57,7 +57,7 @@ def measure(dec, prompts: list[str], *, ks, sampling: dict, max_new_tokens: int,
     and with the loop's defaults (up to the decoder's k drafts, fewer after an unconfident one),
     `repeats` times; return per-variant figures."""
     variants = ([("plain", None, 0.0)] + [(f"k{k}", k, 0.0) for k in ks]
-                + [("default", dec.config.k or dec.default_k, dec.config.draft_confidence)])
+                + [("default", dec.default_k, dec.config.draft_confidence)])
     gen = lambda prompt, k, conf, seed: dec.generate(prompt, max_new_tokens=max_new_tokens, seed=seed,
                                                      speculative=k is not None, k=k or 1, draft_confidence=conf,
                                                      ignore_eos=True, **sampling)

@@ -124,6 +124,8 @@ class OrtEngine:
         self.max_context = int(max_context)
         self.providers = self.session.get_providers()
         self._ones = np.ones((1, 256), dtype=np.int64)
+        self._positions = np.arange(256, dtype=np.int64)[None]    # position_ids are views of it
+        self._keep: dict[int, np.ndarray] = {}      # logits_to_keep values, made once: no allocation per step
         self.device = _kv_device(self.session)              # where the cache lives: ("cuda", 0), ...
         self.share_buffer = bool(share_buffer)
         if self.share_buffer and self.max_context > MAX_SHARED_CONTEXT:
@@ -179,11 +181,15 @@ class OrtEngine:
             raise EngineError(f"context of {total} tokens exceeds the bundle's max context {self.max_context}")
         if self._ones.shape[1] < total:
             self._ones = np.ones((1, 2 * total), dtype=np.int64)
+            self._positions = np.arange(2 * total, dtype=np.int64)[None]
         mask = self._ones[:, :total]
-        pos = np.arange(past, total, dtype=np.int64)[None] if self.has_position_ids else None
-        extra = {"logits_to_keep": np.array([keep], dtype=np.int64)} if self.has_logits_to_keep else {}
-        if pos is not None:
-            extra["position_ids"] = pos
+        extra = {}
+        if self.has_position_ids:
+            extra["position_ids"] = self._positions[:, past:total]
+        if self.has_logits_to_keep:
+            if keep not in self._keep:
+                self._keep[keep] = np.array([keep], dtype=np.int64)
+            extra["logits_to_keep"] = self._keep[keep]
         if self.share_buffer:
             logits = self._run_in_place(ids, mask, extra, total)
         elif self.io_binding:

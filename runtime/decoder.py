@@ -91,8 +91,9 @@ class SpeculativeDecoder:
 
     @property
     def default_k(self) -> int:
-        """Draft tokens per round when the config gives none: DEFAULT_K, bounded by the bundle."""
-        return min(DEFAULT_K, self.max_draft_tokens)
+        """Most draft tokens per round when a request gives none: the config's k, else DEFAULT_K
+        bounded by the bundle."""
+        return self.config.k or min(DEFAULT_K, self.max_draft_tokens)
 
     @classmethod
     def from_bundle(cls, path: str | Path, *, providers: list[str] | None = None, threads: int = 0,

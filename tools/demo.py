@@ -86,7 +86,7 @@ def main(argv: list[str]) -> int:
     settings = dict(max_new_tokens=96, temperature=0.0)      # the decoder's defaults for the rest
     for spec in (True, False):                 # warm-up: first calls pay one-time allocation costs
         dec.generate(prompt, max_new_tokens=8, speculative=spec)
-    cfg, k = dec.config, dec.config.k or dec.default_k
+    cfg, k = dec.config, dec.default_k
     print(f"\n--- prompt ---\n{prompt}\n--- completion (speculative: up to k={k} drafts a round, fewer after "
           f"one the draft gives < {cfg.draft_confidence}; greedy) ---")
     sys.stdout.write(prompt)

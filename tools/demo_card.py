@@ -174,23 +174,23 @@ def card(fig: dict) -> str:
         if role == "draft" and ul and not ul_at:
             lines.append(ul_cmd)
         if ck and ck.get("cooldown"):
-            tvd, prev = ck.get("tvd") or {"weight": 0, "from": None}, 0
+            # loss options the checkpoint keeps from the step they joined: (flag, value, step)
+            options = [(f, o[field], o["from"]) for f, o, field in (("--tvd", ck.get("tvd"), "weight"),
+                                                                     ("--on-policy", ck.get("on_policy"), "rows"))
+                       if o and o[field]]
+            lrs, prev = ck.get("lrs") or [], 0
             for i, (start, length) in enumerate(ck.get("cooldowns", [ck["cooldown"]])):
                 if role == "draft" and ul_at and prev <= ul_at < start:
                     lines.append(ul_cmd)
-                lr = (ck.get("lrs") or [None] * (i + 1))[i]
+                lr = lrs[i] if i < len(lrs) else None
                 flags = " --rewarm" * bool(i) + (f" --lr {lr:g}" if lr else "")
-                if tvd["weight"] and prev <= tvd["from"] < start:     # the TVD term joins mid-stage
-                    lines.append(f"python tools/train_demo_pair.py {role}{flags} --minutes M --threads 1 "
-                                 f"--until-step {tvd['from']}   # resumable: repeat until it stops there")
-                    flags = f" --tvd {tvd['weight']:g}"
-                onp = ck.get("on_policy") or {"rows": 0, "from": None}
-                if onp["rows"] and prev <= onp["from"] < start:     # target-continued rows join here
-                    if onp["from"] > prev:
-                        lines.append(f"python tools/train_demo_pair.py {role}{flags} --minutes M --threads 1 "
-                                     f"--until-step {onp['from']}   # resumable: repeat until it stops there")
-                        flags = ""
-                    flags += f" --on-policy {onp['rows']}"
+                for flag, value, joined in sorted(options, key=lambda o: o[2]):
+                    if prev <= joined < start:                       # the option joins in this stage
+                        if joined > prev:
+                            lines.append(f"python tools/train_demo_pair.py {role}{flags} --minutes M --threads 1 "
+                                         f"--until-step {joined}   # resumable: repeat until it stops there")
+                            flags = ""
+                        flags += f" {flag} {value:g}"
                 lines += [f"python tools/train_demo_pair.py {role}{flags} --minutes M --threads 1 "
                           f"--until-step {start}   # resumable: repeat until it stops at step {start}",
                           f"python tools/train_demo_pair.py cooldown --model {role} --steps {length}"]

@@ -215,6 +215,19 @@ def evaluate(model, work: Path, *, windows: int = 64) -> dict:
             "bits_per_byte": nll / count / math.log(2) / bytes_per_token}
 
 
+def continuation(model, prefixes, new: int, pick):
+    """[B, new] tokens after `prefixes` [B, P], one cached step each; pick: last logits [B, V] -> [B, 1]."""
+    import torch
+    toks = []
+    with torch.no_grad():
+        out = model(input_ids=prefixes, use_cache=True)
+        for _ in range(new):
+            toks.append(pick(out.logits[:, -1]))
+            out = model(input_ids=toks[-1], cache=out.cache if hasattr(out, "cache") else out.past_key_values,
+                        use_cache=True)
+    return torch.cat(toks, 1)
+
+
 def target_continued(teacher, x, y, *, rows: int, seed: int):
     """The first `rows` rows keep their first half and the target samples the rest at T=0.8: the draft
     learns the contexts the sampled benchmark puts it in (on-policy data, as in DistillSpec / GKD)."""
@@ -222,15 +235,8 @@ def target_continued(teacher, x, y, *, rows: int, seed: int):
     gen = torch.Generator(x.device).manual_seed(seed)
     full = torch.cat([x[:rows], y[:rows, -1:]], 1)                   # [rows, CONTEXT + 1]
     half = full.shape[1] // 2
-    seq = full[:, :half]
-    with torch.no_grad():
-        out = teacher(input_ids=seq, use_cache=True)
-        for _ in range(full.shape[1] - half):
-            probs = torch.softmax(out.logits[:, -1].float() / TVD_TEMPERATURE, -1)
-            nxt = torch.multinomial(probs, 1, generator=gen)
-            seq = torch.cat([seq, nxt], 1)
-            out = teacher(input_ids=nxt, cache=out.cache if hasattr(out, "cache") else out.past_key_values,
-                          use_cache=True)
+    pick = lambda logits: torch.multinomial(torch.softmax(logits.float() / TVD_TEMPERATURE, -1), 1, generator=gen)
+    seq = torch.cat([full[:, :half], continuation(teacher, full[:, :half], full.shape[1] - half, pick)], 1)
     x, y = x.clone(), y.clone()
     x[:rows], y[:rows] = seq[:, :-1], seq[:, 1:]
     return x, y
@@ -243,6 +249,17 @@ def lr_at(step: int, *, base: float, warmup: int, cooldown: tuple[int, int] | No
         return base
     start, length = cooldown
     return base * max(0.0, 1.0 - (step - start) / length)
+
+
+def kept_option(state: dict, key: str, field: str, value, *, flag: str, ckpt: Path) -> dict:
+    """A loss option the checkpoint keeps from the step it was first given ({field, "from"}); it cannot change."""
+    cur = state.get(key, {field: 0, "from": None})
+    if value is not None and value != cur[field]:
+        if cur[field]:
+            raise SystemExit(f"{ckpt} trains with {flag} {cur[field]:g} since step {cur['from']}; it cannot change")
+        cur = state[key] = {field: value, "from": state["step"]}
+        print(f"{flag} {value:g} from step {state['step']}")
+    return cur
 
 
 def train(kind: str, work: Path, args) -> None:
@@ -290,19 +307,8 @@ def train(kind: str, work: Path, args) -> None:
     elif getattr(args, "lr", None) is not None and args.lr != state.get("lr"):
         raise SystemExit(f"--lr sets the peak LR of a --rewarm stage; {ckpt}'s stage runs at "
                          f"{state.get('lr') or base_lr:g}")
-    tvd = state.get("tvd", {"weight": 0.0, "from": None})
-    if getattr(args, "tvd", None) is not None and args.tvd != tvd["weight"]:
-        if tvd["weight"]:
-            raise SystemExit(f"{ckpt} trains with --tvd {tvd['weight']} since step {tvd['from']}; it cannot change")
-        tvd = state["tvd"] = {"weight": args.tvd, "from": state["step"]}
-        print(f"{kind}: + {args.tvd} x TVD at T={TVD_TEMPERATURE} from step {state['step']}")
-    onp = state.get("on_policy", {"rows": 0, "from": None})
-    if getattr(args, "on_policy", None) is not None and args.on_policy != onp["rows"]:
-        if onp["rows"]:
-            raise SystemExit(f"{ckpt} trains with --on-policy {onp['rows']} since step {onp['from']}; it cannot change")
-        onp = state["on_policy"] = {"rows": args.on_policy, "from": state["step"]}
-        print(f"{kind}: {args.on_policy} rows a batch continued by the target at T={TVD_TEMPERATURE} "
-              f"from step {state['step']}")
+    tvd = kept_option(state, "tvd", "weight", getattr(args, "tvd", None), flag="--tvd", ckpt=ckpt)
+    onp = kept_option(state, "on_policy", "rows", getattr(args, "on_policy", None), flag="--on-policy", ckpt=ckpt)
     if args.phase == "cooldown":
         if state["cooldown"] is None:
             state["cooldown"] = (state["step"], args.steps)
@@ -319,7 +325,8 @@ def train(kind: str, work: Path, args) -> None:
             break
         if args.until_step is not None and state["step"] >= args.until_step:
             break
-        lr = lr_at(state["step"], base=state.get("lr") or base_lr, warmup=200, cooldown=cd, warm_from=state.get("warm_from", 0))
+        lr = lr_at(state["step"], base=state.get("lr") or base_lr, warmup=200, cooldown=cd,
+                   warm_from=state.get("warm_from", 0))
         for g in opt.param_groups:
             g["lr"] = lr
         # batches depend on the step alone: a run resumed anywhere sees the same data as one that never stopped
@@ -367,17 +374,10 @@ def train(kind: str, work: Path, args) -> None:
 
 def greedy_continuations(model, prefixes, new: int):
     """[B, new] greedy tokens after `prefixes` [B, P], EOS ignored (as the eval's continuations)."""
-    import torch
-    toks = []
     model.eval()
-    with torch.no_grad():
-        out = model(input_ids=prefixes, use_cache=True)
-        for _ in range(new):
-            toks.append(out.logits[:, -1].argmax(-1, keepdim=True))
-            out = model(input_ids=toks[-1], cache=out.cache if hasattr(out, "cache") else out.past_key_values,
-                        use_cache=True)
+    toks = continuation(model, prefixes, new, lambda logits: logits.argmax(-1, keepdim=True))
     model.train()
-    return torch.cat(toks, 1)
+    return toks
 
 
 def repeated_ngrams(cont, n: int):
