@@ -28,7 +28,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--ks", default="1,2,3,4,5,6,7,8", help="comma list of K to sweep")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=1, help="intra-op threads for every system (default 1)")
+    ap.add_argument("--threads", type=int, default=1, help="intra-op threads for every system's target (default 1)")
+    ap.add_argument("--draft-threads", type=int, default=1,
+                    help="the draft's intra-op threads, ours and onnxruntime-genai's (default 1)")
     ap.add_argument("--quick", action="store_true", help="3 prompts, K in {2,4,6}, 48 tokens, 2 repeats")
     ap.add_argument("--peers", action="store_true", help="also run onnxruntime-genai and HF transformers")
     ap.add_argument("--target-hf", type=Path, help="target HF folder for the peers (default: manifest source)")
@@ -51,7 +53,8 @@ def load_prompts(path: Path, n: int) -> list[str]:
     return prompts[:n]
 
 
-def run_peer(system: str, *, mode: str, k: int, target: Path, draft: Path, prompts: Path, args) -> dict:
+def run_peer(system: str, *, mode: str, k: int, target: Path, draft: Path, prompts: Path, draft_precision: str,
+             args) -> dict:
     """One peer in its own subprocess; a peer that cannot run yields None figures and its error."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "peer.json"
@@ -59,7 +62,8 @@ def run_peer(system: str, *, mode: str, k: int, target: Path, draft: Path, promp
                "--draft", str(draft), "--prompts", str(prompts), "--n-prompts", str(args.n_prompts),
                "--max-new-tokens", str(args.max_new_tokens), "--mode", mode,
                "--temperature", str(MODES["sampled"]["temperature"]), "--k", str(k),
-               "--threads", str(args.threads), "--repeats", str(max(1, args.repeats - 1)),
+               "--threads", str(args.threads), "--draft-threads", str(args.draft_threads),
+               "--draft-precision", draft_precision, "--repeats", str(max(1, args.repeats - 1)),
                "--cache", str(Path.home() / ".cache" / "specedge" / "peers"), "--json", str(out)]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
         if out.is_file():
@@ -140,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         if not ks or min(ks) < 1 or max(ks) > manifest.max_draft_tokens:
             raise BundleError(f"--ks must lie in 1..{manifest.max_draft_tokens} (the bundle's max draft tokens)")
         prompts = load_prompts(prompts_path, args.n_prompts)
-        dec = SpeculativeDecoder.from_bundle(args.bundle, threads=args.threads)
+        dec = SpeculativeDecoder.from_bundle(args.bundle, threads=args.threads, draft_threads=args.draft_threads)
         for p in prompts:
             dec.encode(p)          # refuse an empty or over-long prompt before measuring anything
     except (BundleError, ConfigError, EngineError, ValueError, OSError) as e:
@@ -150,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     plen = int(sum(len(dec.tokenizer.encode(p).ids) for p in prompts) / len(prompts))
     costs = ours.step_costs(dec, past=plen + args.max_new_tokens // 2, ks=ks)
     result = {"bundle": str(args.bundle), "prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
-              "threads": args.threads, "repeats": args.repeats, "machine": f"{platform.machine()}, "
+              "threads": args.threads, "draft_threads": args.draft_threads, "repeats": args.repeats, "machine": f"{platform.machine()}, "
               f"{os.cpu_count()} cores", "step_costs": costs}
     for mode, sampling in MODES.items():
         print(f"[ours] {mode}: target-only and K in {ks} over {len(prompts)} prompts x {args.repeats}",
@@ -167,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
             for system, (plain_key, spec_key) in PEER_KEYS.items():
                 print(f"[peer] {system} {mode}", file=sys.stderr, flush=True)
                 r = run_peer(system, mode=mode, k=result[mode]["best_k"], target=target, draft=draft,
-                             prompts=prompts_path, args=args)
+                             prompts=prompts_path, draft_precision=manifest.models["draft"].weights, args=args)
                 result["peers"][mode][plain_key] = r.get("plain_tps")
                 result["peers"][mode][spec_key] = r.get("spec_tps")
                 result["peers"][mode][f"{system}_detail"] = r

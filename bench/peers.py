@@ -3,7 +3,7 @@ speculative), run on the same HF pair, prompts and token budget as specedge.
 
     python -m specedge.bench.peers --system ortgenai|hf --target HF_DIR --draft HF_DIR --prompts P.jsonl
         [--n-prompts N] --max-new-tokens N --mode greedy|sampled [--temperature 0.8] --k K --threads T
-        --cache DIR --json OUT.json [--repeats R]
+        [--draft-threads T] [--draft-precision fp32|fp16|int8|int4] --cache DIR --json OUT.json [--repeats R]
 
 The benchmark starts one subprocess per peer so that its own process never imports torch or
 onnxruntime-genai, and so a peer that crashes natively cannot take it down. Whatever fails, OUT.json is
@@ -32,7 +32,7 @@ from pathlib import Path
 PEER_ERRORS = (OSError, RuntimeError, ValueError, KeyError, TypeError, AttributeError, ImportError,
                subprocess.SubprocessError)
 NGRAM_SIZE = 3          # onnxruntime-genai's docs suggest 3-4 to start; only used when the draft model can't run
-PRECISION = "fp32"      # the same arithmetic as specedge's fp32 graphs, so tokens/s compare like for like
+PRECISION = "fp32"      # the target's: the same arithmetic as specedge's fp32 graphs (the draft's: --draft-precision)
 # Counters of Generator.get_speculative_stats() that add up over generations (the rest are per-generator state).
 GENAI_COUNTERS = ("rounds", "draft_tokens_proposed", "draft_tokens_evaluated", "draft_tokens_accepted",
                   "correction_tokens", "bonus_tokens", "tokens_emitted", "draft_forward_passes",
@@ -177,10 +177,10 @@ def run_hf(args, prompts: list[str], res: dict) -> None:
 # ---------------------------------------------------------------------------------------------------------
 # onnxruntime-genai
 
-def content_key(folder: Path) -> str:
+def content_key(folder: Path, precision: str) -> str:
     """Hash of every file's name and bytes: a retrained or re-exported model gets a fresh build."""
     import onnxruntime_genai as og
-    h = hashlib.sha256(f"og={og.__version__} p={PRECISION} e=cpu".encode())
+    h = hashlib.sha256(f"og={og.__version__} p={precision} e=cpu".encode())
     for f in sorted(p for p in folder.rglob("*") if p.is_file()):
         h.update(str(f.relative_to(folder)).encode() + b"\0")
         with f.open("rb") as fh:
@@ -199,8 +199,8 @@ def _publish(tmp: Path, out: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def build(src: Path, cache: Path) -> tuple[Path, str]:
-    key = content_key(src)
+def build(src: Path, cache: Path, precision: str = PRECISION) -> tuple[Path, str]:
+    key = content_key(src, precision)
     out = cache / f"og-{key}"
     if (out / "genai_config.json").is_file():
         return out, key
@@ -209,7 +209,7 @@ def build(src: Path, cache: Path) -> tuple[Path, str]:
     log(f"building {src} with the onnxruntime-genai model builder -> {out}")
     from specedge.export.genai import run_builder    # one builder invocation for export and peers
     try:
-        run_builder(src, tmp, precision=PRECISION)
+        run_builder(src, tmp, precision=precision)
     except Exception as e:  # ExportError, or the builder's own: reported as this peer's error
         shutil.rmtree(tmp, ignore_errors=True)
         raise RuntimeError(str(e)) from e
@@ -249,11 +249,12 @@ def composite(tdir: Path, tkey: str, ddir: Path, dkey: str, cache: Path) -> Path
     return out
 
 
-def load_genai(og, folder: Path, blocks: tuple[str, ...], threads: int):
-    """Threads go in through a config overlay so one cached build serves every --threads."""
+def load_genai(og, folder: Path, threads: dict[str, int]):
+    """Threads per config block ("decoder", "draft") go in through a config overlay, so one cached build
+    serves every --threads."""
     config = og.Config(str(folder))
-    so = {"intra_op_num_threads": threads, "inter_op_num_threads": 1}
-    config.overlay(json.dumps({"model": {b: {"session_options": so} for b in blocks}}))
+    so = lambda n: {"intra_op_num_threads": n, "inter_op_num_threads": 1}
+    config.overlay(json.dumps({"model": {b: {"session_options": so(n)} for b, n in threads.items()}}))
     return og.Model(config)
 
 
@@ -279,7 +280,7 @@ def run_ortgenai(args, prompts: list[str], res: dict) -> None:
     cache.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     tdir, tkey = build(hf_folder(args.target), cache)
-    plain_model = load_genai(og, tdir, ("decoder",), args.threads)
+    plain_model = load_genai(og, tdir, {"decoder": args.threads})
     tok = og.Tokenizer(plain_model)
     ids = [np.asarray(tok.encode(p), dtype=np.int32) for p in prompts]
     res["prompt_tokens"] = [int(x.shape[0]) for x in ids]
@@ -316,9 +317,9 @@ def run_ortgenai(args, prompts: list[str], res: dict) -> None:
     spec = None
     if args.ortgenai_spec in ("auto", "draft_model"):
         try:
-            ddir, dkey = build(hf_folder(args.draft), cache)
-            spec_model = load_genai(og, composite(tdir, tkey, ddir, dkey, cache), ("decoder", "draft"),
-                                    args.threads)
+            ddir, dkey = build(hf_folder(args.draft), cache, args.draft_precision)
+            spec_model = load_genai(og, composite(tdir, tkey, ddir, dkey, cache),
+                                    {"decoder": args.threads, "draft": args.draft_threads})
             spec = variant(spec_model, {"max_draft_tokens": args.k})
             spec(0, 0)                           # warm-up, and the proof that this mode runs
             res["ortgenai_spec_mode"] = "draft_model"
@@ -359,7 +360,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--mode", choices=("greedy", "sampled"), required=True)
     ap.add_argument("--temperature", type=float, default=0.8, help="sampled mode only")
     ap.add_argument("--k", type=int, required=True, help="draft tokens per round (fixed)")
-    ap.add_argument("--threads", type=int, default=1, help="intra-op threads")
+    ap.add_argument("--threads", type=int, default=1, help="intra-op threads (onnxruntime-genai: the target's)")
+    ap.add_argument("--draft-threads", type=int, default=1, help="onnxruntime-genai's draft's intra-op threads")
+    ap.add_argument("--draft-precision", choices=("fp32", "fp16", "int8", "int4"), default=PRECISION,
+                    help="onnxruntime-genai's draft weights (as the bundle's draft)")
     ap.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "specedge" / "peers",
                     help="where onnxruntime-genai builds are kept, keyed by the HF folder's content")
     ap.add_argument("--json", type=Path, required=True)
@@ -372,14 +376,15 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     res: dict = {"system": args.system, "mode": args.mode, "k": args.k, "threads": args.threads,
+                 "draft_threads": args.draft_threads, "draft_precision": args.draft_precision,
                  "temperature": args.temperature if args.mode == "sampled" else 0.0,
                  "max_new_tokens": args.max_new_tokens, "repeats": args.repeats, "n_prompts": None,
                  "plain_tps": None, "spec_tps": None, "plain_tps_min": None, "plain_tps_max": None,
                  "spec_tps_min": None, "spec_tps_max": None, "new_tokens": None, "spec_stats": {},
                  "ortgenai_spec_mode": None, "error": None}
     try:
-        if args.repeats < 1 or args.k < 1 or args.max_new_tokens < 1 or args.threads < 1:
-            raise ValueError("--repeats, --k, --max-new-tokens and --threads must be >= 1")
+        if min(args.repeats, args.k, args.max_new_tokens, args.threads, args.draft_threads) < 1:
+            raise ValueError("--repeats, --k, --max-new-tokens, --threads and --draft-threads must be >= 1")
         prompts = load_prompts(args.prompts, args.n_prompts)
         res["n_prompts"] = len(prompts)
         (run_hf if args.system == "hf" else run_ortgenai)(args, prompts, res)

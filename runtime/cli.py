@@ -38,7 +38,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--stream", action="store_true", help="print text as it is committed")
     ap.add_argument("--json", action="store_true", help="print one JSON object (text, ids, stats)")
     ap.add_argument("--providers", default="cpu", help="comma list: cpu, cuda, tensorrt (default cpu)")
-    ap.add_argument("--threads", type=int, default=0, help="ONNX Runtime intra-op threads (0 = auto)")
+    ap.add_argument("--threads", type=int, default=0, help="the target's ONNX Runtime intra-op threads (0 = all cores)")
+    ap.add_argument("--draft-threads", type=int, default=1,
+                    help="the draft's intra-op threads (default 1: a draft step is too small to split)")
     return ap
 
 
@@ -67,7 +69,8 @@ def main(argv: list[str] | None = None) -> int:
         cfg = config_from_args(args)
         from .decoder import SpeculativeDecoder
         dec = SpeculativeDecoder.from_bundle(args.bundle, providers=args.providers.split(","),
-                                             threads=args.threads, speculative=cfg.speculative, config=cfg)
+                                             threads=args.threads, draft_threads=args.draft_threads,
+                                             speculative=cfg.speculative, config=cfg)
         stream = dec.stream(prompt)
         for piece in stream:
             if args.stream and not args.json:

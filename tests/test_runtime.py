@@ -280,6 +280,18 @@ def test_default_k_follows_the_bundle_and_explicit_k_is_checked(decoders):
         dec.generate("x", k=True)
 
 
+def test_the_draft_runs_on_one_thread_unless_asked(pair_bundles):
+    """Two thread pools taking turns spin against each other: the draft defaults to the calling thread."""
+    intra = lambda engine: engine.session.get_session_options().intra_op_num_threads
+    dec = SpeculativeDecoder.from_bundle(pair_bundles["agree"], threads=2)
+    assert (intra(dec.target), intra(dec.draft)) == (2, 1)
+    dec = SpeculativeDecoder.from_bundle(pair_bundles["agree"], threads=2, draft_threads=2)
+    assert (intra(dec.target), intra(dec.draft)) == (2, 2)
+    with pytest.raises(ConfigError, match="threads must be >= 0"):
+        SpeculativeDecoder.from_bundle(pair_bundles["agree"], draft_threads=-1)
+    assert run_main([str(pair_bundles["agree"]), "x", "--draft-threads", "-2"]) == 2
+
+
 def test_more_bad_parameters(decoders, pair_bundles, tmp_path):
     from specedge.runtime import SamplingParams, probs
     from specedge.runtime.config import load_toml
