@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.n_prompts, args.ks, args.max_new_tokens, args.repeats = 3, "2,4,6", 48, 2
     from specedge.engines import EngineError
-    from specedge.runtime import BundleError, ConfigError, Manifest, SpeculativeDecoder
+    from specedge.runtime import BundleError, ConfigError, GenerationConfig, Manifest, SpeculativeDecoder
     try:
         if args.n_prompts < 1 or args.repeats < 1 or args.max_new_tokens < 1:
             raise ValueError("--n-prompts, --repeats and --max-new-tokens must be >= 1")
@@ -144,7 +144,10 @@ def main(argv: list[str] | None = None) -> int:
         if not ks or min(ks) < 1 or max(ks) > manifest.max_draft_tokens:
             raise BundleError(f"--ks must lie in 1..{manifest.max_draft_tokens} (the bundle's max draft tokens)")
         prompts = load_prompts(prompts_path, args.n_prompts)
-        dec = SpeculativeDecoder.from_bundle(args.bundle, threads=args.threads, draft_threads=args.draft_threads)
+        # GenerationConfig(): the modes are plain temperatures, as the peers run them, whatever the
+        # model's generation_config.json says
+        dec = SpeculativeDecoder.from_bundle(args.bundle, threads=args.threads, draft_threads=args.draft_threads,
+                                             config=GenerationConfig())
         for p in prompts:
             dec.encode(p)          # refuse an empty or over-long prompt before measuring anything
     except (BundleError, ConfigError, EngineError, ValueError, OSError) as e:

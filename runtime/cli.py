@@ -7,11 +7,12 @@ import sys
 
 from specedge.engines.base import EngineError
 
-from .config import DEFAULT_K, ConfigError, GenerationConfig, SamplingParams, load_toml
-from .manifest import BundleError
+from .config import DEFAULT_K, ConfigError, GenerationConfig, SamplingParams, load_toml, model_defaults
+from .manifest import BundleError, Manifest
 
 _G, _S = GenerationConfig(), SamplingParams()
-# flag -> GenerationConfig / SamplingParams field; a flag left out keeps the --config (or default) value
+# flag -> GenerationConfig / SamplingParams field; a flag left out keeps the --config value, else the
+# bundle's (its target's generation_config.json sampling settings), else GenerationConfig's
 _FIELDS = {"max_new_tokens": "max_new_tokens", "temperature": "temperature", "top_k": "top_k", "top_p": "top_p",
            "repetition_penalty": "repetition_penalty", "k": "k", "draft_confidence": "draft_confidence",
            "seed": "seed"}
@@ -23,10 +24,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("prompt", help="prompt text ('-' reads standard input)")
     ap.add_argument("--config", help="TOML file of generation settings (flags override it)")
     ap.add_argument("--max-new-tokens", type=int, help=f"default {_G.max_new_tokens}")
-    ap.add_argument("--temperature", type=float, help=f"0 = greedy (default {_S.temperature})")
-    ap.add_argument("--top-k", type=int, help="0 = off (default)")
-    ap.add_argument("--top-p", type=float, help="1 = off (default)")
-    ap.add_argument("--repetition-penalty", type=float, help="1 = off (default)")
+    ap.add_argument("--temperature", type=float, help=f"0 = greedy (default: the model's, else {_S.temperature})")
+    ap.add_argument("--top-k", type=int, help="0 = off (default: the model's, else off)")
+    ap.add_argument("--top-p", type=float, help="1 = off (default: the model's, else off)")
+    ap.add_argument("--repetition-penalty", type=float, help="1 = off (default: the model's, else off)")
     ap.add_argument("--k", type=int, help=f"most draft tokens per round (default: {DEFAULT_K}, or the "
                     f"bundle's max draft tokens when lower)")
     ap.add_argument("--draft-confidence", type=float,
@@ -44,8 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-def config_from_args(args) -> GenerationConfig:
-    base = load_toml(args.config) if args.config else GenerationConfig()
+def config_from_args(args, base: GenerationConfig = GenerationConfig()) -> GenerationConfig:
+    base = load_toml(args.config, base) if args.config else base
     overrides = {f: getattr(args, a) for a, f in _FIELDS.items() if getattr(args, a) is not None}
     if args.stop:
         overrides["stop"] = tuple(args.stop)
@@ -66,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     try:
-        cfg = config_from_args(args)
+        cfg = config_from_args(args, model_defaults(Manifest.load(args.bundle).generation))
         from .decoder import SpeculativeDecoder
         dec = SpeculativeDecoder.from_bundle(args.bundle, providers=args.providers.split(","),
                                              threads=args.threads, draft_threads=args.draft_threads,

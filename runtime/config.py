@@ -82,9 +82,28 @@ class GenerationConfig:
         return replace(cfg, sampling=replace(cfg.sampling, **sampling)) if sampling else cfg
 
 
-def load_toml(path: str | Path) -> GenerationConfig:
+def model_defaults(generation: dict) -> GenerationConfig:
+    """GenerationConfig() under a model's generation_config.json sampling keys (the manifest's
+    `generation`), read as transformers' generate() reads them: without do_sample: true it decodes
+    greedily whatever the temperature, and with it an unset top_k is 50."""
+    g = {k: v for k, v in (generation or {}).items() if v is not None}
+    sampling = {}
+    if g.get("do_sample") is True:
+        sampling = {"temperature": g.get("temperature", 1.0), "top_k": g.get("top_k", 50),
+                    "top_p": g.get("top_p", 1.0)}
+    if "repetition_penalty" in g:
+        sampling["repetition_penalty"] = g["repetition_penalty"]
+    try:
+        return GenerationConfig().updated(**sampling)
+    except ConfigError as e:
+        raise ConfigError(f"the bundle's generation defaults (the model's generation_config.json) are "
+                          f"invalid: {e}; pass the sampling parameters explicitly") from e
+
+
+def load_toml(path: str | Path, base: GenerationConfig = GenerationConfig()) -> GenerationConfig:
     """A GenerationConfig from a TOML file: top-level keys are GenerationConfig fields, and sampling
-    fields may sit at top level or in a [sampling] table. Unknown keys are errors."""
+    fields may sit at top level or in a [sampling] table; keys it leaves out keep `base`'s values.
+    Unknown keys are errors."""
     try:
         import tomllib
     except ImportError:           # Python < 3.11
@@ -100,4 +119,4 @@ def load_toml(path: str | Path) -> GenerationConfig:
     flat = {**sampling, **data}
     if isinstance(flat.get("stop"), list):     # a bare string stays a string, which is refused
         flat["stop"] = tuple(flat["stop"])
-    return GenerationConfig().updated(**flat)
+    return base.updated(**flat)

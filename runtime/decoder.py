@@ -8,7 +8,7 @@ from typing import Iterator
 
 import numpy as np
 
-from .config import DEFAULT_K, ConfigError, GenerationConfig
+from .config import DEFAULT_K, ConfigError, GenerationConfig, model_defaults
 from .manifest import BundleError, Manifest
 from .sampling import accept, accept_greedy, confidence, greedy_tokens, probs, sample
 from .text import TextStream
@@ -16,7 +16,9 @@ from .text import TextStream
 
 @dataclass
 class Stats:
-    """What one request did. alpha = accepted / evaluated: Leviathan et al.'s per-token acceptance."""
+    """What one request did. alpha = accepted / evaluated: Leviathan et al.'s per-token acceptance.
+    The draft counts are the verifier's decisions: the last round may accept drafts beyond the EOS or
+    stop string that ends the output (new_tokens counts what was output)."""
     k: int = 0
     prompt_tokens: int = 0
     new_tokens: int = 0
@@ -97,9 +99,12 @@ class SpeculativeDecoder:
 
     @classmethod
     def from_bundle(cls, path: str | Path, *, providers: list[str] | None = None, threads: int = 0,
-                    draft_threads: int = 1, speculative: bool = True,
-                    config: GenerationConfig = GenerationConfig()):
+                    draft_threads: int = 1, speculative: bool = True, config: GenerationConfig | None = None):
         """Load a bundle written by spec-export; its manifest is checked before any graph loads.
+
+        `config` holds the request defaults; without one they are GenerationConfig()'s under the target's
+        own generation_config.json sampling settings (do_sample, temperature, top_k, top_p,
+        repetition_penalty), as transformers' generate() would use them.
 
         `threads` are the target's intra-op threads (0: onnxruntime's default, all cores), and
         `draft_threads` the draft's. The draft runs on the calling thread by default: two thread pools
@@ -113,6 +118,7 @@ class SpeculativeDecoder:
 
         path = Path(path)
         m = Manifest.load(path)
+        config = model_defaults(m.generation) if config is None else config
         try:
             tokenizer = Tokenizer.from_file(str(path / m.tokenizer))
         except Exception as e:  # tokenizers raises its own exception type for a malformed file

@@ -253,6 +253,33 @@ def test_toml_config_and_flags_map_onto_one_dataclass(pair_bundles, tmp_path, ca
         load_toml(cfg_file)
 
 
+def test_the_models_generation_config_is_the_default(pair_bundles, tmp_path, capsys):
+    """As transformers' generate(): do_sample true brings its temperature / top_k (50 when unset) / top_p;
+    without it decoding stays greedy; an explicit config, a TOML key or a flag wins."""
+    from specedge.runtime import GenerationConfig, SamplingParams
+    gen = {"do_sample": True, "temperature": 0.7, "top_p": 0.9, "repetition_penalty": 1.1}
+    b = _bundle_copy(pair_bundles["agree"], tmp_path / "b", lambda m: m.update(generation=gen))
+    dec = SpeculativeDecoder.from_bundle(b)
+    assert dec.config.sampling == SamplingParams(temperature=0.7, top_k=50, top_p=0.9, repetition_penalty=1.1)
+    assert SpeculativeDecoder.from_bundle(b, config=GenerationConfig()).config.sampling == SamplingParams()
+    sampled = dec.generate("def f(x):", max_new_tokens=12).token_ids
+    greedy = dec.generate("def f(x):", max_new_tokens=12, temperature=0.0, repetition_penalty=1.0).token_ids
+    assert sampled != greedy
+    args = [str(b), "def f(x):", "--max-new-tokens", "12", "--json"]
+    assert run_main(args) == 0 and json.loads(capsys.readouterr().out)["token_ids"] == sampled
+    (tmp_path / "g.toml").write_text("max_new_tokens = 12\n")         # keys it leaves out stay the model's
+    assert run_main(args + ["--config", str(tmp_path / "g.toml")]) == 0
+    assert json.loads(capsys.readouterr().out)["token_ids"] == sampled
+    assert run_main(args + ["--temperature", "0", "--repetition-penalty", "1"]) == 0
+    assert json.loads(capsys.readouterr().out)["token_ids"] == greedy
+    plain_t = _bundle_copy(pair_bundles["agree"], tmp_path / "t", lambda m: m.update(generation={"temperature": 0.7}))
+    assert SpeculativeDecoder.from_bundle(plain_t).config.sampling.greedy       # no do_sample: greedy
+    bad = _bundle_copy(pair_bundles["agree"], tmp_path / "bad",
+                       lambda m: m.update(generation={"do_sample": True, "top_p": 0.0}))
+    with pytest.raises(ConfigError, match="generation_config.json"):
+        SpeculativeDecoder.from_bundle(bad)
+
+
 def test_stop_string_trims_ids_the_same_way_for_every_k(decoders):
     """Tokens after the one completing a stop string are dropped: same ids whatever k."""
     dec = decoders["agree"]

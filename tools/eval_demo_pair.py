@@ -363,9 +363,9 @@ def measure(args) -> dict:
     import onnxruntime
 
     from specedge.bench.ours import step_costs
-    from specedge.runtime import SpeculativeDecoder, __version__
+    from specedge.runtime import GenerationConfig, SpeculativeDecoder, __version__
 
-    dec = SpeculativeDecoder.from_bundle(args.bundle, threads=THREADS)
+    dec = SpeculativeDecoder.from_bundle(args.bundle, threads=THREADS, config=GenerationConfig())   # plain T
     data = json.loads(data_json.read_text())
     tokens = np.fromfile(heldout_bin, dtype=np.uint16)
     bpt = data["bytes_heldout"] / data["tokens_heldout"]
