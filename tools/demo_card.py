@@ -108,7 +108,7 @@ def card(fig: dict) -> str:
     g, sc = gen["all"], fig["step_costs"]
     lines = ["# specedge demo pair: model card", "",
              "A small Llama target and a smaller Llama draft trained from scratch on Python source code on a "
-             "CPU, for speculative code completion (the README's main command, `spec-bench`, `spec-check`). "
+             "CPU, for speculative code completion (the README's main command and `spec-bench`). "
              "Both are standard Hugging Face folders (`LlamaForCausalLM`, fp16 safetensors, byte-level BPE "
              "tokenizer) that `spec-export` exports like any downloaded model.", ""]
 
