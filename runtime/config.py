@@ -97,7 +97,7 @@ def model_defaults(generation: dict) -> GenerationConfig:
         return GenerationConfig().updated(**sampling)
     except ConfigError as e:
         raise ConfigError(f"the bundle's generation defaults (the model's generation_config.json) are "
-                          f"invalid: {e}; pass the sampling parameters explicitly") from e
+                          f"invalid: {e}; fix it and re-export the bundle (or give from_bundle a config=)") from e
 
 
 def load_toml(path: str | Path, base: GenerationConfig = GenerationConfig()) -> GenerationConfig:

@@ -28,10 +28,10 @@ def load_demo_config() -> dict:
 # onnxruntime-genai's builder (fused GroupQueryAttention / SkipSimplifiedLayerNorm graphs, fp32): on the
 # demo pair a target step took 1.77 ms against 2.01 ms for torch opset-23 graphs, a draft step 0.30 vs 0.37
 # (same machine, same run); both are exact fp32, parity-checked at export. The draft's weights are int8
-# (MatMulNBits): the output's law never depends on the draft, and on 30 held-out prompts its draft step in
-# the loop fell from 0.156 to 0.097 target steps with alpha (K=4) 0.734 -> 0.731 greedy, 0.685 -> 0.678
-# at T=0.8; spec-bench greedy, best K: 1.10-1.11x -> 1.17-1.24x (two runs each). int4: c 0.094, alpha
-# 0.712 / 0.637.
+# (MatMulNBits): the output's law never depends on the draft, and on the 84 held-out prompts
+# (tools/eval_demo_pair.py, and with --draft-dtype fp32) its step in the loop fell from 0.154 to 0.107-0.111
+# target steps, alpha (K=4) 0.742 -> 0.739 greedy, 0.689 -> 0.682 at T=0.8; spec-bench greedy at the best
+# K: 1.10-1.11x -> 1.17-1.28x (three runs). int4 (30 prompts): c 0.094, but alpha 0.712 / 0.637.
 DEMO_EXPORT = {"k": 8, "max_context": 1024, "builder": "genai", "draft_dtype": "int8"}
 
 
