@@ -3,8 +3,9 @@
 Glossary (used in names and shape comments throughout):
     p           target probabilities, [k+1, vocab]: one row per verified position
     q           draft probabilities, [k, vocab]: the distributions the draft tokens were sampled from
-    k           most draft tokens proposed per round (K); a round stops early after a draft token
-                whose draft top probability (its confidence) is below draft_confidence
+    k           most draft tokens proposed per round (K); a round stops early once the product of
+                its drafts' confidences (the draft's top probability at each) falls below
+                draft_confidence: the draft's own estimate that all of them are accepted
     round       draft k tokens -> ONE target call over k+1 positions -> accept -> commit / roll back
     accepted    draft tokens kept: draft x_i survives with probability min(1, p_i(x)/q_i(x))
     recovered   the token sampled from norm(max(0, p_i - q_i)) at the first rejection

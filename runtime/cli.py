@@ -31,8 +31,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--k", type=int, help=f"most draft tokens per round (default: {DEFAULT_K}, or the "
                     f"bundle's max draft tokens when lower)")
     ap.add_argument("--draft-confidence", type=float,
-                    help=f"stop drafting after a token the draft gives less than this probability "
-                         f"(0 = always k; default {_G.draft_confidence})")
+                    help=f"stop drafting once the product of the round's draft top probabilities falls "
+                         f"below this (0 = always k; default {_G.draft_confidence})")
     ap.add_argument("--seed", type=int, help=f"default {_G.seed}")
     ap.add_argument("--stop", action="append", help="stop string (repeatable)")
     ap.add_argument("--no-speculation", action="store_true", help="target-only decoding")

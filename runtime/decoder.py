@@ -235,19 +235,20 @@ class SpeculativeDecoder:
         drafts: list[int] = []
         q = np.empty((0 if greedy else k, self.vocab_size), dtype=np.float32)   # [k, vocab]
         feed = tokens[self.draft.length:] if k else []   # 1 token; 2 when the draft missed the last bonus
+        reach = 1.0          # the draft's own estimate that every draft so far is accepted
         for i in range(k):
             t0 = time.perf_counter()
             logits = self.draft.run(np.asarray(feed), keep=1)              # [1, vocab]
             stats.seconds_draft += time.perf_counter() - t0
             if greedy:       # point masses: the token is the argmax, q is never materialised
                 drafts.append(int(greedy_tokens(logits, params, history=tokens, drafts=drafts, first=i)[0]))
-                confident = cfg.draft_confidence <= 0 or confidence(logits[0]) >= cfg.draft_confidence
+                reach *= confidence(logits[0])
             else:
                 q[i] = probs(logits, params, history=tokens, drafts=drafts, first=i)[0]
                 drafts.append(sample(q[i], rng))
-                confident = q[i].max() >= cfg.draft_confidence
+                reach *= q[i].max()
             feed = drafts[-1:]
-            if not confident:   # the next drafts would likely be rejected: verify what we have
+            if reach < cfg.draft_confidence:   # the next drafts would likely be wasted: verify what we have
                 break
         k, q = len(drafts), q[:len(drafts)]                                # [k, vocab]
         t0 = time.perf_counter()

@@ -61,6 +61,34 @@ def test_draft_confidence_stops_rounds_early(decoders):
     assert one.drafted < some.drafted < full.drafted
 
 
+class _SureDraft:
+    """A draft engine whose every step puts probability `top` on token 3: confidences are known exactly."""
+
+    def __init__(self, vocab: int, top: float):
+        self.length, self.row = 0, np.full((1, vocab), np.log((1 - top) / (vocab - 1)), np.float32)
+        self.row[0, 3] = np.log(top)
+
+    def run(self, ids, *, keep=None):
+        self.length += len(ids)
+        return self.row
+
+    def truncate(self, n):
+        self.length = n
+
+
+def test_draft_confidence_bounds_the_product_of_a_rounds_confidences(decoders):
+    dec = decoders["agree"]
+    sure = SpeculativeDecoder(target=dec.target, draft=_SureDraft(dec.vocab_size, 0.6), tokenizer=dec.tokenizer,
+                              vocab_size=dec.vocab_size, eos_token_ids=(), max_context=dec.max_context,
+                              max_draft_tokens=8)
+    for threshold, per_round in ((0.3, 3), (0.2, 4), (0.0, 6)):      # 0.6, 0.36, 0.216, 0.13, ...
+        for temperature in (0.0, 1.0):
+            s = sure.generate("def f(x):", max_new_tokens=60, k=6, draft_confidence=threshold,
+                              temperature=temperature, ignore_eos=True).stats
+            # k per round, but for the last few rounds, which the token budget caps
+            assert per_round * (s.rounds - per_round) <= s.drafted <= per_round * s.rounds, (threshold, s)
+
+
 def test_draft_quality_shows_in_stats(decoders):
     agree = decoders["agree"].generate(PROMPTS[0], max_new_tokens=48, k=4, draft_confidence=0).stats
     disagree = decoders["disagree"].generate(PROMPTS[0], max_new_tokens=48, k=4, draft_confidence=0).stats

@@ -92,8 +92,8 @@ def main(argv: list[str]) -> int:
     for spec in (True, False):                 # warm-up: first calls pay one-time allocation costs
         dec.generate(prompt, max_new_tokens=8, speculative=spec)
     cfg, k = dec.config, dec.default_k
-    print(f"\n--- prompt ---\n{prompt}\n--- completion (speculative: up to k={k} drafts a round, fewer after "
-          f"one the draft gives < {cfg.draft_confidence}; greedy) ---")
+    print(f"\n--- prompt ---\n{prompt}\n--- completion (speculative: up to k={k} drafts a round, fewer once "
+          f"the product of their confidences drops below {cfg.draft_confidence}; greedy) ---")
     sys.stdout.write(prompt)
     stream = dec.stream(prompt, **settings)
     for piece in stream:
