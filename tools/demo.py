@@ -31,7 +31,7 @@ def load_demo_config() -> dict:
 # (MatMulNBits): the output's law never depends on the draft, and on the 84 held-out prompts
 # (tools/eval_demo_pair.py, and with --draft-dtype fp32) its step in the loop fell from 0.154 to 0.107-0.111
 # target steps, alpha (K=4) 0.742 -> 0.739 greedy, 0.689 -> 0.682 at T=0.8; spec-bench greedy at the best
-# K: 1.10-1.11x -> 1.17-1.28x (three runs). int4 (30 prompts): c 0.094, but alpha 0.712 / 0.637.
+# K: 1.10-1.11x -> 1.17-1.28x (four runs). int4 (30 prompts): c 0.094, but alpha 0.712 / 0.637.
 DEMO_EXPORT = {"k": 8, "max_context": 1024, "builder": "genai", "draft_dtype": "int8"}
 
 
