@@ -242,7 +242,8 @@ class SpeculativeDecoder:
             stats.seconds_draft += time.perf_counter() - t0
             if greedy:       # point masses: the token is the argmax, q is never materialised
                 drafts.append(int(greedy_tokens(logits, params, history=tokens, drafts=drafts, first=i)[0]))
-                reach *= confidence(logits[0])
+                if cfg.draft_confidence > 0:      # a softmax over the vocab: skipped when unused
+                    reach *= confidence(logits[0])
             else:
                 q[i] = probs(logits, params, history=tokens, drafts=drafts, first=i)[0]
                 drafts.append(sample(q[i], rng))
