@@ -7,6 +7,7 @@ import pytest
 
 from specedge.bench import ours
 from specedge.bench.cli import main as bench_main
+from specedge.runtime import GenerationConfig
 
 
 def test_leviathan_bound():
@@ -32,7 +33,7 @@ def test_quick_bench_writes_every_figure(pair_bundles, tmp_path, capsys):
         assert m["bound_loop"] == pytest.approx(ours.leviathan_bound(m["alpha"], m["best_k"], m["r_loop"], m["c_loop"]))
         assert all(v["drafts_per_round"] == pytest.approx(v["k"], abs=1.0) for v in m["per_k"].values())
         d = m["default"]      # the loop's defaults: at most k drafts a round, fewer after unconfident ones
-        assert d["k"] == 6 and 0 < d["drafts_per_round"] <= 6 and d["draft_confidence"] == 0.3
+        assert d["k"] == 6 and 0 < d["drafts_per_round"] <= 6 and d["draft_confidence"] == GenerationConfig().draft_confidence
         assert m["default_speedup"] == pytest.approx(d["tps"] / m["plain_tps"])
     assert (tmp_path / "bench.png").stat().st_size > 10_000
     assert "| greedy |" in capsys.readouterr().out
