@@ -97,11 +97,12 @@ def test_target_predicts_held_out_code_better_than_the_draft(decoder, pair):
 
 
 def test_training_helpers_mark_loops_and_keep_prefixes():
-    """train_demo_pair's unlikelihood mask hits repeated n-grams only; on-policy rows keep their first half."""
+    """The unlikelihood phase's mask hits repeated n-grams only; on-policy rows keep their first half."""
     torch = pytest.importorskip("torch")
     import train_demo_pair as tdp
+    import train_unlikelihood as tul
     from transformers import LlamaConfig, LlamaForCausalLM
-    mask = tdp.repeated_ngrams(torch.tensor([[1, 2, 3, 4, 1, 2, 3, 4, 5], [1, 2, 3, 4, 5, 6, 7, 8, 9]]), 4)
+    mask = tul.repeated_ngrams(torch.tensor([[1, 2, 3, 4, 1, 2, 3, 4, 5], [1, 2, 3, 4, 5, 6, 7, 8, 9]]), 4)
     assert mask[0].tolist() == [False] * 4 + [True] * 4 + [False] and not mask[1].any()
     torch.manual_seed(0)
     teacher = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
@@ -114,7 +115,7 @@ def test_training_helpers_mark_loops_and_keep_prefixes():
     again = tdp.target_continued(teacher, x, y, rows=2, seed=5)[0]
     assert torch.equal(again, x2)                               # seeded: a resumed run sees the same rows
     prefixes = torch.randint(0, 64, (2, 5))
-    cont = tdp.greedy_continuations(teacher, prefixes, 6)
+    cont = tul.greedy_continuations(teacher, prefixes, 6)
     ref = teacher.generate(input_ids=prefixes, attention_mask=torch.ones_like(prefixes), max_new_tokens=6,
                            do_sample=False, eos_token_id=None, pad_token_id=0)[:, 5:]
     assert torch.equal(cont, ref)
