@@ -172,7 +172,7 @@ def card(fig: dict) -> str:
               "0.1 x cross-entropy + 0.9 x KL(target || draft) to the frozen target's distribution (distillation)"
               + (f", plus, from step {tvd_from['from']}, {tvd_from['weight']:g} x the total variation distance of the "
                  f"two at temperature {tm.TVD_TEMPERATURE} (1 - alpha there); " if tvd_from else "; ") +
-              f"its tied embedding starts as the target's projected onto its top {tm.DRAFT['hidden_size']} principal "
+              f"its tied embedding starts as the target's projected onto its top {d['config']['hidden_size']} principal "
               "directions (SVD), "
               "its other weights at random.",
               *ul_lines(models), *draft_stage_lines(models),

@@ -9,12 +9,15 @@ stopped. Phases, run in order (each one needs the previous):
   target    train the target (LlamaForCausalLM, GQA) at constant LR after warm-up
             (warm-up/stable/decay: the budget is open-ended, a cool-down ends it)
   draft     train the draft: KL to the (frozen) target's distribution plus a little CE on the
-            corpus; its tied embedding starts as the target's, projected to 128 dims (SVD);
-            --tvd W adds W x the total variation distance at T=0.8 (1 - alpha there)
+            corpus; its tied embedding starts as the target's, projected to its width (SVD);
+            --tvd W adds W x the total variation distance at T=0.8 (1 - alpha there); --shape LxH
+            trains a draft of another size (4x128 by default)
   cooldown  linear decay of the LR to 0 over --steps steps for --model target|draft
   unlikelihood  fine-tune the cooled target against its greedy loops: sequence-level unlikelihood
             (Welleck et al. 2020) on the repeated n-grams of its own greedy continuations of
             training-file function openings, anchored by KL to the target as it was; LR decays to 0
+  teacher   (instead of data..unlikelihood's target) target.pt from the packaged models/target, to
+            distil a draft from the shipped target elsewhere (tools/gpu_train_pair.sh, DRAFT_ONLY=1)
   package   write both as Hugging Face folders (fp16 safetensors, config, generation_config,
             tokenizer) into --out, plus held-out prompts and figures for the model card
 
@@ -140,10 +143,22 @@ def phase_data(work: Path) -> None:
     print({k: v for k, v in meta.items() if k != "heldout_files"})
 
 
-def build(kind: str):
+def draft_shape(shape: str) -> dict:
+    """"LxH" -> a draft of L layers, hidden H, MLP 3H, head_dim 32, 2 KV heads (DRAFT is "4x128")."""
+    try:
+        layers, hidden = (int(v) for v in shape.lower().split("x"))
+    except ValueError:
+        raise SystemExit(f"--shape takes LAYERSxHIDDEN, e.g. 4x192; got {shape!r}") from None
+    if layers < 1 or hidden < 64 or hidden % 64:
+        raise SystemExit(f"--shape {shape}: need >= 1 layer and a hidden size that is a multiple of 64")
+    return dict(hidden_size=hidden, intermediate_size=3 * hidden, num_hidden_layers=layers,
+                num_attention_heads=hidden // 32, num_key_value_heads=2)
+
+
+def build(kind: str, dims: dict | None = None):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    dims = TARGET if kind == "target" else DRAFT
+    dims = dims or (TARGET if kind == "target" else DRAFT)
     cfg = LlamaConfig(vocab_size=VOCAB, max_position_embeddings=1024, tie_word_embeddings=True,
                       bos_token_id=0, eos_token_id=0, pad_token_id=1, rope_theta=10000.0, **dims)
     return LlamaForCausalLM(cfg)
@@ -264,18 +279,27 @@ def train(kind: str, work: Path, args) -> None:
     torch.set_num_threads(args.threads)
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     ckpt = work / f"{kind}.pt"
-    model = build(kind).to(dev)
+    saved = torch.load(ckpt, map_location=dev, weights_only=False) if ckpt.exists() else None
+    # the draft's dims: the checkpoint's (DRAFT before they were recorded), else --shape, else DRAFT
+    dims = (saved["state"].get("dims", DRAFT) if saved else None) if kind == "draft" else TARGET
+    shape = draft_shape(args.shape) if kind == "draft" and getattr(args, "shape", None) else None
+    if dims and shape and shape != dims:
+        raise SystemExit(f"--shape {args.shape} differs from {ckpt}'s draft {dims}; use another --work")
+    dims = dims or shape or DRAFT
+    model = build(kind, dims).to(dev)
     base_lr = 2e-3 if kind == "target" else 3e-3
     opt = torch.optim.AdamW(model.parameters(), lr=base_lr, betas=(0.9, 0.95), weight_decay=0.1)
-    state = {"step": 0, "tokens": 0, "seconds": 0.0, "cooldown": None, "log": []}
+    state = {"step": 0, "tokens": 0, "seconds": 0.0, "cooldown": None, "log": [], "dims": dims}
     teacher = None
     if kind == "draft":     # built after the draft, so the draft's random init does not depend on it
         teacher = build("target").to(dev)
         t_saved = torch.load(work / "target.pt", map_location=dev, weights_only=False)
         teacher.load_state_dict(t_saved["model"])
         teacher.eval().requires_grad_(False)
-    if ckpt.exists():
-        saved = torch.load(ckpt, map_location=dev, weights_only=False)
+    if saved:
+        if saved.get("opt") is None:
+            raise SystemExit(f"{ckpt} was imported from {saved['state'].get('imported_from')} (no optimizer "
+                             "state): it can teach a draft, not be trained on")
         model.load_state_dict(saved["model"])
         opt.load_state_dict(saved["opt"])
         state = saved["state"]
@@ -414,8 +438,8 @@ def package(work: Path, out: Path) -> None:
     stage = out.with_name(out.name + ".partial")
     shutil.rmtree(stage, ignore_errors=True)
     for kind in ("target", "draft"):
-        model = build(kind)
         saved = torch.load(work / f"{kind}.pt", map_location="cpu", weights_only=False)
+        model = build(kind, saved["state"].get("dims"))
         model.load_state_dict(saved["model"])
         dst = stage / kind
         model.half().save_pretrained(dst, safe_serialization=True)
@@ -461,10 +485,30 @@ def slim(work: Path, out: Path) -> None:
         torch.save({"model": model, "state": saved["state"]}, out / f"{kind}.pt")
 
 
+def import_teacher(src: Path, work: Path) -> None:
+    """work/target.pt from a packaged target folder (models/target): a draft can then be distilled from
+    the shipped target where its training checkpoints are not (a GPU machine gets the repo, not ~/.cache)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    ckpt = work / "target.pt"
+    if ckpt.exists():
+        raise SystemExit(f"{ckpt} exists; `teacher` writes a fresh work folder's target (use another --work)")
+    model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
+    got = {k: getattr(model.config, k) for k in TARGET}
+    if got != TARGET:
+        raise SystemExit(f"{src} is not a demo target: {got} != {TARGET}")
+    log = json.loads((src / "training_log.json").read_text())
+    state = {"step": log[-1]["step"], "tokens": log[-1]["tokens"], "seconds": 0.0, "cooldown": None, "log": log,
+             "imported_from": str(src)}
+    work.mkdir(parents=True, exist_ok=True)
+    torch.save({"model": model.state_dict(), "opt": None, "state": state}, ckpt)
+    print(f"wrote {ckpt} from {src} (its step {state['step']})")
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("phase", choices=["data", "target", "draft", "cooldown", "unlikelihood", "package", "pack",
-                                     "slim"])
+                                     "slim", "teacher"])
     ap.add_argument("--work", type=Path, default=Path.home() / ".cache" / "specedge" / "demo")
     ap.add_argument("--minutes", type=float, default=60.0)
     ap.add_argument("--threads", type=int, default=1)
@@ -482,6 +526,10 @@ def main(argv=None) -> None:
                     help="draft: add W x total variation distance to the target at T=0.8 (kept by the checkpoint)")
     ap.add_argument("--on-policy", type=int, default=None, metavar="ROWS",
                     help="draft: ROWS of each batch continued by the target's T=0.8 samples (kept by the checkpoint)")
+    ap.add_argument("--shape", default=None, metavar="LxH",
+                    help="draft: layers x hidden of a new draft, e.g. 4x192 (kept by the checkpoint; default 4x128)")
+    ap.add_argument("--from", dest="src", type=Path, default=Path("models/target"),
+                    help="teacher: the packaged target folder to distil from")
     ap.add_argument("--out", type=Path, default=Path("models"))
     args = ap.parse_args(argv)
     if args.phase == "data":
@@ -494,6 +542,8 @@ def main(argv=None) -> None:
         sys.modules.setdefault("train_demo_pair", sys.modules[__name__])   # one module, run as a script or not
         from train_unlikelihood import unlikelihood
         unlikelihood(args.work, args)
+    elif args.phase == "teacher":
+        import_teacher(args.src, args.work)
     elif args.phase == "pack":
         pack(args.work, args.out)
     elif args.phase == "slim":
