@@ -119,3 +119,19 @@ def test_training_helpers_mark_loops_and_keep_prefixes():
     ref = teacher.generate(input_ids=prefixes, attention_mask=torch.ones_like(prefixes), max_new_tokens=6,
                            do_sample=False, eos_token_id=None, pad_token_id=0)[:, 5:]
     assert torch.equal(cont, ref)
+
+
+def test_eval_c_is_the_loops_draft_step_over_the_target_only_step():
+    """The bar's c: draft engine seconds per call in the speculative runs over target seconds per call in
+    the target-only runs, pooled over prompts (not a mean of per-prompt ratios)."""
+    import eval_demo_pair as ev
+    from specedge.runtime import Stats
+    runs = [{"plain": ev.stat_fields(Stats(target_calls=64, seconds_target=64 * 2e-3)),
+             "greedy": ev.stat_fields(Stats(target_calls=20, seconds_target=20 * 3e-3, draft_calls=60,
+                                            seconds_draft=60 * 2e-4, accepted_hist=[0] * 5))},
+            {"plain": ev.stat_fields(Stats(target_calls=64, seconds_target=64 * 1e-3)),
+             "greedy": ev.stat_fields(Stats(target_calls=30, seconds_target=30 * 3e-3, draft_calls=90,
+                                            seconds_draft=90 * 1e-4, accepted_hist=[0] * 5))}]
+    lc = ev.loop_costs(runs)
+    assert lc["target_step_ms"] == pytest.approx(1.5) and lc["draft_step_ms"] == pytest.approx(0.14)
+    assert lc["c"] == pytest.approx(0.14 / 1.5) and lc["r"] == pytest.approx(3.0 / 1.5)
