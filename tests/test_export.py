@@ -224,6 +224,12 @@ def test_genai_builder_graphs_run_in_our_runtime(tmp_path, llama_target, llama_d
         else:
             assert np.array_equal(concat.run(np.asarray(step)), in_place.run(np.asarray(step))), step
     assert concat.length == in_place.length == 2
+    for ids in ([23], [24, 25]):       # keep=1 (draft and decode steps): one row from a buffer bound once
+        assert np.array_equal(concat.run(np.asarray(ids), keep=1), in_place.run(np.asarray(ids), keep=1))
+    first = in_place.run(np.asarray([26]), keep=1)
+    kept = first.copy()
+    in_place.run(np.asarray([27]), keep=1)
+    assert np.array_equal(first, kept)                                 # a result outlives the next run
     with pytest.raises(EngineError, match="max context 128"):
         in_place.run(np.arange(127))
 
