@@ -137,9 +137,11 @@ class OrtEngine:
         if self.io_binding and not self.share_buffer:
             self._slicer = _PrefixSlicer(ort, self.device, len(self.past_names),
                                          self.num_kv_heads, self.head_dim, self.dtype, threads)
-        self._logits_out, self._bound_rows = {}, None      # in place: logits buffers per row count
-        lt = self.session.get_outputs()[outputs.index("logits")]
-        self._logits_width = lt.shape[-1] if isinstance(lt.shape[-1], int) and lt.type == "tensor(float)" else 0
+        lt = self.session.get_outputs()[outputs.index("logits")]     # in place: one-row logits buffer
+        self._row, self._row_bound = None, False
+        if self.share_buffer and isinstance(lt.shape[-1], int) and lt.type == "tensor(float)":
+            buf = np.empty((1, 1, lt.shape[-1]), dtype=np.float32)
+            self._row = (buf, ort.OrtValue.ortvalue_from_numpy(buf))
         if self.share_buffer:
             self._bind_shared_cache()
         self._scratch = [np.empty(0, dtype=self.dtype)] * len(self.past_names)   # see _kept_prefix
@@ -229,25 +231,21 @@ class OrtEngine:
         return io
 
     def _run_in_place(self, ids, mask, extra: dict, total: int, rows: int) -> np.ndarray:
-        """`rows` logits rows come back in a host buffer bound once per row count: no output is
-        re-bound and none wrapped per run (get_outputs() wraps all 2L+1 of them), 9 us of a 0.14 ms
-        draft step on the demo pair. The caller gets a copy: a result must outlive the next run."""
+        """A one-row result (draft and decode steps) comes back in a host buffer bound once, so no
+        output is re-bound or wrapped per run (get_outputs() wraps all 2L+1): 9 us of a 0.14 ms draft
+        step on the demo pair. The caller gets a copy: a result must outlive the next run."""
         io = self._bind_new_inputs(ids, mask, extra)
-        out = self._logits_out.get(rows)
-        if out is None and self._logits_width:
-            buf = np.empty((1, rows, self._logits_width), dtype=np.float32)
-            out = self._logits_out[rows] = (buf, self._ort.OrtValue.ortvalue_from_numpy(buf))
-        if out is None:                      # logits of a symbolic width or not float32
+        one = rows == 1 and self._row is not None
+        if one and not self._row_bound:
+            io.bind_ortvalue_output("logits", self._row[1])
+        elif not one:                        # a verify or a prefill: rows vary, allocated per run
             io.bind_output("logits", "cpu")
-            self._bound_rows = None
-        elif self._bound_rows != rows:
-            io.bind_ortvalue_output("logits", out[1])
-            self._bound_rows = rows
+        self._row_bound = one
         try:
             self.session.run_with_iobinding(io)
         except Exception as e:  # onnxruntime's own classes
             raise self._failed(e, total) from e
-        return out[0].copy() if out is not None else io.get_outputs()[0].numpy()
+        return self._row[0].copy() if one else io.get_outputs()[0].numpy()
 
     def _kept_prefix(self, cache: list, past: int) -> list:
         """The first `past` positions of each cache tensor, copied into buffers reused across calls.
