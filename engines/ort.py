@@ -196,7 +196,7 @@ class OrtEngine:
                 self._keep[keep] = np.array([keep], dtype=np.int64)
             extra["logits_to_keep"] = self._keep[keep]
         if self.share_buffer:
-            logits = self._run_in_place(ids, mask, extra, total, min(n, keep) if self.has_logits_to_keep else n)
+            logits = self._run_in_place(ids, mask, extra, total, keep if self.has_logits_to_keep else n)
         elif self.io_binding:
             logits = self._run_bound(ids, mask, extra, past)
         else:

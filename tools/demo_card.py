@@ -47,12 +47,17 @@ def overlap_line(fig: dict) -> str:
             f"{100 * ov['bytes_fraction']:.1f} % of the held-out bytes.")
 
 
+def checkpoint(models: dict, role: str) -> dict:
+    """The training state eval_demo_pair recorded from a model's checkpoint ({} when none was found)."""
+    return models[role]["training"]["checkpoint"] or {}
+
+
 def ul_lines(models: dict) -> list[str]:
     """The target's fine-tune against greedy loops, when its checkpoint records one."""
-    ul = (models["target"]["training"]["checkpoint"] or {}).get("unlikelihood")
+    ul = checkpoint(models, "target").get("unlikelihood")
     if not ul:
         return []
-    teachers = (models["draft"]["training"]["checkpoint"] or {}).get("teachers") or []
+    teachers = checkpoint(models, "draft").get("teachers") or []
     after = (f" The draft distilled from the target as it was before this until its step {teachers[1]['from']}, "
              "and from the fine-tuned target after." if len(teachers) > 1 else "")
     return [f"- **Against loops** (target, steps {ul['from']} -> {ul['from'] + ul['steps']}, after its cool-down): "
@@ -65,7 +70,7 @@ def ul_lines(models: dict) -> list[str]:
 
 def draft_stage_lines(models: dict) -> list[str]:
     """The draft's on-policy rows and lower-LR stages, when its checkpoint records them."""
-    ck = models["draft"]["training"]["checkpoint"] or {}
+    ck = checkpoint(models, "draft")
     out = []
     onp = ck.get("on_policy") or {}
     if onp.get("rows"):
@@ -162,8 +167,8 @@ def card(fig: dict) -> str:
             cds.append(f"{role}: none")
         else:
             cds.append(f"{role}: not recorded in the packaged `training_log.json`")
-    tvd_from = ((models["draft"]["training"]["checkpoint"] or {}).get("tvd") or {}) or None
-    tvd_from = tvd_from if tvd_from and tvd_from.get("weight") else None
+    tvd = checkpoint(models, "draft").get("tvd") or {}
+    tvd_from = tvd if tvd.get("weight") else None
     lines += ["", "Steps and tokens are the last entry of each folder's `training_log.json` (the checkpoint's "
               "training state at packaging).", "",
               f"- **Objective**: next-token cross-entropy, context {tm.CONTEXT}, batch 8 x {tm.CONTEXT} tokens, "
@@ -185,8 +190,8 @@ def card(fig: dict) -> str:
     lines += ["## Reproduce", "", "```sh",
               ". .venv/bin/activate            # dev venv with torch + transformers (tools/dev.py)",
               "python tools/train_demo_pair.py data"]
-    ul = (models["target"]["training"]["checkpoint"] or {}).get("unlikelihood")
-    teachers = (models["draft"]["training"]["checkpoint"] or {}).get("teachers") or []
+    ul = checkpoint(models, "target").get("unlikelihood")
+    teachers = checkpoint(models, "draft").get("teachers") or []
     ul_at = teachers[1]["from"] if ul and len(teachers) > 1 else 0    # draft step from which it distils the fine-tune
     ul_cmd = "python tools/train_demo_pair.py unlikelihood   # resumable; the draft's later stages distil from it"
     for role in ("target", "draft"):

@@ -281,11 +281,15 @@ def train(kind: str, work: Path, args) -> None:
     ckpt = work / f"{kind}.pt"
     saved = torch.load(ckpt, map_location=dev, weights_only=False) if ckpt.exists() else None
     # the draft's dims: the checkpoint's (DRAFT before they were recorded), else --shape, else DRAFT
-    dims = (saved["state"].get("dims", DRAFT) if saved else None) if kind == "draft" else TARGET
     shape = draft_shape(args.shape) if kind == "draft" and getattr(args, "shape", None) else None
-    if dims and shape and shape != dims:
-        raise SystemExit(f"--shape {args.shape} differs from {ckpt}'s draft {dims}; use another --work")
-    dims = dims or shape or DRAFT
+    if kind == "target":
+        dims = TARGET
+    elif saved:
+        dims = saved["state"].get("dims", DRAFT)
+        if shape and shape != dims:
+            raise SystemExit(f"--shape {args.shape} differs from {ckpt}'s draft {dims}; use another --work")
+    else:
+        dims = shape or DRAFT
     model = build(kind, dims).to(dev)
     base_lr = 2e-3 if kind == "target" else 3e-3
     opt = torch.optim.AdamW(model.parameters(), lr=base_lr, betas=(0.9, 0.95), weight_decay=0.1)
