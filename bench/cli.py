@@ -31,6 +31,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--threads", type=int, default=1, help="intra-op threads for every system's target (default 1)")
     ap.add_argument("--draft-threads", type=int, default=1,
                     help="the draft's intra-op threads, ours and onnxruntime-genai's (default 1)")
+    ap.add_argument("--ngram", type=int, default=0,
+                    help="prompt lookup in the defaults row (spec-run --ngram); fixed-K rows never use it")
     ap.add_argument("--quick", action="store_true", help="3 prompts, K in {2,4,6}, 48 tokens, 2 repeats")
     ap.add_argument("--peers", action="store_true", help="also run onnxruntime-genai and HF transformers")
     ap.add_argument("--target-hf", type=Path, help="target HF folder for the peers (default: manifest source)")
@@ -112,9 +114,10 @@ def table(result: dict) -> str:
                        [[m, f"{r['host_ms_per_round']:.3f}", f"{r['c_loop']:.3f}", f"{r['r_loop']:.2f}",
                          f"{r['bound_loop']:.2f}x"] for m, r in zip(MODES, ours)])
     rows += [""] + _md(["mode", "loop defaults: spec tok/s", "speedup", "K at most", "draft confidence", "drafts/round",
-                        "alpha"],
+                        "alpha", "prompt lookup (rounds)"],
                        [[m, f"{d['tps']:.1f}", f"{d['speedup']:.2f}x", f"{d['k']}", f"{d['draft_confidence']}",
-                         f"{d['drafts_per_round']:.2f}", f"{d['alpha']:.3f}"]
+                         f"{d['drafts_per_round']:.2f}", f"{d['alpha']:.3f}",
+                         f"ngram {d['ngram']} ({d['lookup_round_fraction']:.0%})" if d.get("ngram") else "off"]
                         for m, d in zip(MODES, (r["default"] for r in ours))])
     peers = result.get("peers")
     if peers:
@@ -147,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         # GenerationConfig(): the modes are plain temperatures, as the peers run them, whatever the
         # model's generation_config.json says
         dec = SpeculativeDecoder.from_bundle(args.bundle, threads=args.threads, draft_threads=args.draft_threads,
-                                             config=GenerationConfig())
+                                             config=GenerationConfig(ngram=args.ngram))
         for p in prompts:
             dec.encode(p)          # refuse an empty or over-long prompt before measuring anything
     except (BundleError, ConfigError, EngineError, ValueError, OSError) as e:

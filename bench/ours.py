@@ -55,45 +55,48 @@ def step_costs(dec, *, past: int, ks, reps: int = 30, run: int = 4) -> dict:
 def measure(dec, prompts: list[str], *, ks, sampling: dict, max_new_tokens: int, repeats: int) -> dict:
     """Run every prompt target-only, with each fixed K (every round drafts K: the bound's premise),
     and with the loop's defaults (up to the decoder's k drafts, fewer after an unconfident one),
-    `repeats` times; return per-variant figures."""
-    variants = ([("plain", None, 0.0)] + [(f"k{k}", k, 0.0) for k in ks]
-                + [("default", dec.default_k, dec.config.draft_confidence)])
-    gen = lambda prompt, k, conf, seed: dec.generate(prompt, max_new_tokens=max_new_tokens, seed=seed,
-                                                     speculative=k is not None, k=k or 1, draft_confidence=conf,
-                                                     ignore_eos=True, **sampling)
-    for _, k, conf in variants:
-        gen(prompts[0], k, conf, 0)
+    `repeats` times; return per-variant figures. Fixed K means the draft model alone (no prompt
+    lookup); the defaults keep the decoder's config, prompt lookup (`ngram`) included."""
+    fixed = {"draft_confidence": 0.0, "ngram": 0}
+    variants = ([("plain", None, {"speculative": False, **fixed})] + [(f"k{k}", k, fixed) for k in ks]
+                + [("default", dec.default_k, {})])          # name, k, overrides of the decoder's config
+    gen = lambda prompt, k, over, seed: dec.generate(prompt, max_new_tokens=max_new_tokens, seed=seed, k=k or 1,
+                                                     ignore_eos=True, **sampling, **over)
+    for _, k, over in variants:
+        gen(prompts[0], k, over, 0)
     per_rep = {name: [] for name, _, _ in variants}
     agg = {name: {"drafted": 0, "accepted": 0, "evaluated": 0, "target_calls": 0, "draft_calls": 0, "tokens": 0,
-                  "seconds_draft": 0.0, "seconds_target": 0.0, "seconds_host": 0.0, "seconds": 0.0}
+                  "lookup_rounds": 0, "seconds_draft": 0.0, "seconds_target": 0.0, "seconds_host": 0.0, "seconds": 0.0}
            for name, _, _ in variants}
     for rep in range(repeats):
         tokens = {name: 0 for name in per_rep}
         seconds = {name: 0.0 for name in per_rep}
         for i, prompt in enumerate(prompts):
             order = variants if (rep + i) % 2 == 0 else variants[::-1]
-            for name, k, conf in order:
+            for name, k, over in order:
                 t0 = time.perf_counter()
-                res = gen(prompt, k, conf, 1000 * rep + i)
+                res = gen(prompt, k, over, 1000 * rep + i)
                 dt = time.perf_counter() - t0
                 s, a = res.stats, agg[name]
                 tokens[name] += s.new_tokens
                 seconds[name] += dt
-                for key in ("drafted", "accepted", "evaluated", "target_calls", "draft_calls", "seconds_draft",
-                            "seconds_target", "seconds_host"):
+                for key in ("drafted", "accepted", "evaluated", "target_calls", "draft_calls", "lookup_rounds",
+                            "seconds_draft", "seconds_target", "seconds_host"):
                     a[key] += getattr(s, key)
                 a["tokens"] += s.new_tokens
                 a["seconds"] += dt
         for name in per_rep:
             per_rep[name].append(tokens[name] / seconds[name])
     out = {}
-    for name, k, conf in variants:
+    for name, k, over in variants:
+        conf = over.get("draft_confidence", dec.config.draft_confidence)
         a, tps = agg[name], per_rep[name]
-        out[name] = {"k": k, "draft_confidence": conf, "tps": statistics.median(tps), "tps_min": min(tps),
-                     "tps_max": max(tps), "drafts_per_round": a["drafted"] / a["target_calls"],
+        out[name] = {"k": k, "draft_confidence": conf, "ngram": over.get("ngram", dec.config.ngram),
+                     "tps": statistics.median(tps), "tps_min": min(tps), "tps_max": max(tps), "drafts_per_round": a["drafted"] / a["target_calls"],
                      "alpha": a["accepted"] / a["evaluated"] if a["evaluated"] else None,
                      "acceptance_rate": a["accepted"] / a["drafted"] if a["drafted"] else None,
                      "tokens_per_target_call": a["tokens"] / a["target_calls"],
+                     "lookup_round_fraction": a["lookup_rounds"] / a["target_calls"],
                      # host = decode-phase time outside the engines (prefill excluded): the loop's own cost
                      "host_fraction": a["seconds_host"] / max(1e-12, a["seconds_host"] + a["seconds_draft"]
                                                               + a["seconds_target"]),

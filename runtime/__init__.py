@@ -7,6 +7,8 @@ Glossary (used in names and shape comments throughout):
                 its drafts' confidences (the draft's top probability at each) falls below
                 draft_confidence: the draft's own estimate that all of them are accepted
     round       draft k tokens -> ONE target call over k+1 positions -> accept -> commit / roll back
+    lookup      prompt-lookup drafts (ngram > 0): when the context ends in an n-gram seen earlier, the
+                tokens that followed it, drafted without a draft-model call; their q is one-hot
     accepted    draft tokens kept: draft x_i survives with probability min(1, p_i(x)/q_i(x))
     recovered   the token sampled from norm(max(0, p_i - q_i)) at the first rejection
     bonus       the token sampled from p_{k+1} when all k drafts are accepted

@@ -15,7 +15,7 @@ _G, _S = GenerationConfig(), SamplingParams()
 # bundle's (its target's generation_config.json sampling settings), else GenerationConfig's
 _FIELDS = {"max_new_tokens": "max_new_tokens", "temperature": "temperature", "top_k": "top_k", "top_p": "top_p",
            "repetition_penalty": "repetition_penalty", "k": "k", "draft_confidence": "draft_confidence",
-           "seed": "seed"}
+           "seed": "seed", "ngram": "ngram", "ngram_min": "ngram_min"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -33,6 +33,11 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--draft-confidence", type=float,
                     help=f"stop drafting once the product of the round's draft top probabilities falls "
                          f"below this (0 = always k; default {_G.draft_confidence})")
+    ap.add_argument("--ngram", type=int,
+                    help="prompt lookup: when the context's last N..--ngram-min tokens occurred before, draft "
+                         "what followed them instead of calling the draft model (works without a draft "
+                         "model; pays on greedy, repetitive output; 0 = off, the default)")
+    ap.add_argument("--ngram-min", type=int, help=f"shortest n-gram prompt lookup matches (default {_G.ngram_min})")
     ap.add_argument("--seed", type=int, help=f"default {_G.seed}")
     ap.add_argument("--stop", action="append", help="stop string (repeatable)")
     ap.add_argument("--no-speculation", action="store_true", help="target-only decoding")
@@ -60,6 +65,9 @@ def stats_line(stats) -> str:
     if stats.drafted:
         line += (f", k={stats.k}, acceptance {stats.acceptance_rate:.2f}, alpha {stats.alpha:.2f}, "
                  f"{stats.tokens_per_target_call:.2f} tokens/target call")
+    if stats.lookup_rounds:
+        line += (f", prompt lookup drafted {stats.lookup_rounds}/{stats.rounds} rounds "
+                 f"(alpha {stats.lookup_accepted / max(1, stats.lookup_evaluated):.2f})")
     return line + "]"
 
 

@@ -10,6 +10,7 @@ import numpy as np
 
 from .config import DEFAULT_K, ConfigError, GenerationConfig, model_defaults
 from .manifest import BundleError, Manifest
+from .ngram import NgramLookup
 from .sampling import accept, accept_greedy, confidence, greedy_tokens, probs, sample
 from .text import TextStream
 
@@ -29,6 +30,9 @@ class Stats:
     accepted_hist: list[int] = field(default_factory=list)   # [k+1]: rounds that accepted j drafts
     target_calls: int = 0
     draft_calls: int = 0
+    lookup_rounds: int = 0            # rounds drafted by prompt lookup (ngram) instead of the draft model
+    lookup_accepted: int = 0          # their share of accepted and evaluated
+    lookup_evaluated: int = 0
     seconds_prefill: float = 0.0
     seconds_target: float = 0.0
     seconds_draft: float = 0.0
@@ -159,7 +163,7 @@ class SpeculativeDecoder:
         cfg = self.config.updated(**overrides)
         if cfg.k is None:
             cfg = replace(cfg, k=self.default_k)
-        elif cfg.speculative and self.draft is not None and cfg.k > self.max_draft_tokens:
+        elif cfg.speculative and (self.draft is not None or cfg.ngram) and cfg.k > self.max_draft_tokens:
             raise ConfigError(f"k={cfg.k} exceeds the bundle's max draft tokens ({self.max_draft_tokens}); "
                               f"use k <= {self.max_draft_tokens} or re-export with --max-draft-tokens {cfg.k}")
         ids = self.encode(prompt)
@@ -185,8 +189,10 @@ class SpeculativeDecoder:
 
     # -- the loop --------------------------------------------------------------------------------
     def _decode(self, ids: list[int], cfg: GenerationConfig):
-        speculative = cfg.speculative and self.draft is not None
-        engines = [self.target] + ([self.draft] if speculative else [])
+        speculative = cfg.speculative and (self.draft is not None or cfg.ngram > 0)
+        engines = [self.target] + ([self.draft] if speculative and self.draft is not None else [])
+        lookup = (NgramLookup(ids, max_n=cfg.ngram, min_n=cfg.ngram_min, capacity=self.max_context)
+                  if speculative and cfg.ngram else None)
         stats = Stats(k=cfg.k if speculative else 0, prompt_tokens=len(ids),
                       accepted_hist=[0] * ((cfg.k if speculative else 0) + 1))
         rng = np.random.default_rng(cfg.seed)
@@ -206,7 +212,7 @@ class SpeculativeDecoder:
             if budget <= 0 or k < 0:
                 finish = "length"
                 break
-            new = self._step(tokens, k, cfg, rng, stats)
+            new = self._step(tokens, k, cfg, rng, stats, lookup)
             eos_at = next((i for i, t in enumerate(new) if t in eos), None)
             if eos_at is not None:
                 new, finish = new[:eos_at + 1], "eos"
@@ -216,6 +222,8 @@ class SpeculativeDecoder:
                 new, finish = new[:len(text.ids) - shown], "stop"
             tokens += new
             stats.new_tokens += len(new)
+            if lookup is not None:
+                lookup.extend(new)
             if finish:             # drop what the caches hold beyond the last kept token
                 for e in engines:
                     e.truncate(min(e.length, len(tokens) - 1))
@@ -228,18 +236,58 @@ class SpeculativeDecoder:
         return Result(text=text.text, token_ids=tokens[len(ids):], finish_reason=finish, stats=stats)
 
     def _step(self, tokens: list[int], k: int, cfg: GenerationConfig, rng: np.random.Generator,
-              stats: Stats) -> list[int]:
-        """One round: draft k tokens, verify them in ONE target call over k+1 positions, accept,
-        and roll both caches back to the committed prefix. Returns the newly committed tokens."""
+              stats: Stats, lookup: NgramLookup | None) -> list[int]:
+        """One round: draft up to k tokens (prompt lookup when the context's last n-gram recurred, else
+        the draft model), verify them in ONE target call over k+1 positions, accept, and roll both
+        caches back to the committed prefix. Returns the newly committed tokens."""
         n, params, greedy = len(tokens), cfg.sampling, cfg.sampling.greedy
+        drafts = lookup.propose(k) if lookup is not None and k else []
+        from_lookup = bool(drafts)
+        if from_lookup:      # point masses: q is one-hot (greedy never reads q)
+            q = np.zeros((0 if greedy else len(drafts), self.vocab_size), dtype=np.float32)   # [k, vocab]
+            q[np.arange(len(q)), drafts[:len(q)]] = 1.0
+        elif k and self.draft is not None:
+            drafts, q = self._draft(tokens, k, cfg, rng, stats)
+        else:
+            q = np.empty((0, self.vocab_size), dtype=np.float32)
+        k = len(drafts)
+        t0 = time.perf_counter()
+        logits = self.target.run(np.asarray([tokens[-1]] + drafts))        # [k+1, vocab]
+        stats.seconds_target += time.perf_counter() - t0
+        if greedy:
+            new, n_accepted = accept_greedy(drafts, greedy_tokens(logits, params, history=tokens, drafts=drafts))
+        else:
+            p = probs(logits, params, history=tokens, drafts=drafts)       # [k+1, vocab]
+            new, n_accepted = accept(drafts, q, p, rng)
+        self.target.truncate(n + n_accepted)     # committed prefix; the last new token is not fed yet
+        if self.draft is not None:               # (after lookup rounds it lags: the next draft call catches up)
+            self.draft.truncate(min(self.draft.length, n + n_accepted))
+        if k:
+            stats.drafted += k
+            stats.accepted += n_accepted
+            stats.evaluated += n_accepted + (n_accepted < k)
+            stats.accepted_hist[n_accepted] += 1
+            if from_lookup:
+                stats.lookup_rounds += 1
+                stats.lookup_accepted += n_accepted
+                stats.lookup_evaluated += n_accepted + (n_accepted < k)
+        stats.target_calls += 1
+        stats.rounds += 1
+        return new
+
+    def _draft(self, tokens: list[int], k: int, cfg: GenerationConfig, rng: np.random.Generator,
+               stats: Stats) -> tuple[list[int], np.ndarray]:
+        """Up to k tokens from the draft model, one call each, and the q they were sampled from."""
+        params, greedy = cfg.sampling, cfg.sampling.greedy
         drafts: list[int] = []
         q = np.empty((0 if greedy else k, self.vocab_size), dtype=np.float32)   # [k, vocab]
-        feed = tokens[self.draft.length:] if k else []   # 1 token; 2 when the draft missed the last bonus
+        feed = tokens[self.draft.length:]     # 1 token; more when it missed a bonus or lookup rounds
         reach = 1.0          # the draft's own estimate that every draft so far is accepted
         for i in range(k):
             t0 = time.perf_counter()
             logits = self.draft.run(np.asarray(feed), keep=1)              # [1, vocab]
             stats.seconds_draft += time.perf_counter() - t0
+            stats.draft_calls += 1
             if greedy:       # point masses: the token is the argmax, q is never materialised
                 drafts.append(int(greedy_tokens(logits, params, history=tokens, drafts=drafts, first=i)[0]))
                 if cfg.draft_confidence > 0:      # a softmax over the vocab: skipped when unused
@@ -251,23 +299,4 @@ class SpeculativeDecoder:
             feed = drafts[-1:]
             if reach < cfg.draft_confidence:   # the next drafts would likely be wasted: verify what we have
                 break
-        k, q = len(drafts), q[:len(drafts)]                                # [k, vocab]
-        t0 = time.perf_counter()
-        logits = self.target.run(np.asarray([tokens[-1]] + drafts))        # [k+1, vocab]
-        stats.seconds_target += time.perf_counter() - t0
-        if greedy:
-            new, n_accepted = accept_greedy(drafts, greedy_tokens(logits, params, history=tokens, drafts=drafts))
-        else:
-            p = probs(logits, params, history=tokens, drafts=drafts)       # [k+1, vocab]
-            new, n_accepted = accept(drafts, q, p, rng)
-        self.target.truncate(n + n_accepted)     # committed prefix; the last new token is not fed yet
-        if k:
-            self.draft.truncate(min(self.draft.length, n + n_accepted))
-            stats.drafted += k
-            stats.accepted += n_accepted
-            stats.evaluated += n_accepted + (n_accepted < k)
-            stats.accepted_hist[n_accepted] += 1
-        stats.draft_calls += k
-        stats.target_calls += 1
-        stats.rounds += 1
-        return new
+        return drafts, q[:len(drafts)]

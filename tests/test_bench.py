@@ -21,7 +21,8 @@ def test_quick_bench_writes_every_figure(pair_bundles, tmp_path, capsys):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ("def f(x):", "import os", "x = [")))
     out = tmp_path / "bench.json"
-    assert bench_main([str(pair_bundles["agree"]), "--prompts", str(prompts), "--quick", "--json", str(out)]) == 0
+    assert bench_main([str(pair_bundles["agree"]), "--prompts", str(prompts), "--quick", "--json", str(out),
+                       "--ngram", "2"]) == 0
     r = json.loads(out.read_text())
     for mode in ("greedy", "sampled"):
         for key in ("plain_tps", "spec_tps", "best_k", "speedup", "alpha", "bound", "efficiency"):
@@ -32,8 +33,11 @@ def test_quick_bench_writes_every_figure(pair_bundles, tmp_path, capsys):
         assert m["c_loop"] > 0 and m["r_loop"] > 0 and m["host_ms_per_round"] >= 0
         assert m["bound_loop"] == pytest.approx(ours.leviathan_bound(m["alpha"], m["best_k"], m["r_loop"], m["c_loop"]))
         assert all(v["drafts_per_round"] == pytest.approx(v["k"], abs=1.0) for v in m["per_k"].values())
+        # fixed K is the draft model alone (the bound's premise); prompt lookup only in the defaults
+        assert all(v["ngram"] == 0 and v["lookup_round_fraction"] == 0 for v in m["per_k"].values())
         d = m["default"]      # the loop's defaults: at most k drafts a round, fewer after unconfident ones
         assert d["k"] == 6 and 0 < d["drafts_per_round"] <= 6 and d["draft_confidence"] == GenerationConfig().draft_confidence
+        assert d["ngram"] == 2 and (d["lookup_round_fraction"] > 0 or mode == "sampled")   # greedy output loops
         assert m["default_speedup"] == pytest.approx(d["tps"] / m["plain_tps"])
     assert (tmp_path / "bench.png").stat().st_size > 10_000
     assert "| greedy |" in capsys.readouterr().out

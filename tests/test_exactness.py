@@ -43,8 +43,9 @@ def _unit_cases():
     onehot = np.eye(V)[[1, 4, 2, 0]]                                      # greedy target rows
     greedy_target = _rows(rng, 3), onehot                                 # sampled draft, greedy target
     greedy_both = np.eye(V)[[1, 3, 5]], onehot                            # accept, reject, (unreached)
+    lookup = np.eye(V)[[2, 2, 5]], _rows(rng, 4)                          # prompt-lookup drafts: point masses
     return {"close": close, "far": far, "k1-far": k1_far, "disjoint-support": disjoint, "p-equals-q": equal,
-            "greedy-target": greedy_target, "greedy-both": greedy_both}
+            "greedy-target": greedy_target, "greedy-both": greedy_both, "lookup-drafts": lookup}
 
 
 UNIT_CASES = _unit_cases()
@@ -53,7 +54,11 @@ E2E_CASES = {"spec-T1": (True, SamplingParams(temperature=1.0), 0.0),
              "spec-warped": (True, SamplingParams(temperature=0.8, top_k=6, repetition_penalty=1.3), 0.0),
              # rounds that stop drafting early are exact too: the draft's top probability after PROMPT
              # lies in (0.3, 0.45), so with 0.45 every first round stops after one draft
-             "spec-T1-early-stop": (True, SamplingParams(temperature=1.0), 0.45)}
+             "spec-T1-early-stop": (True, SamplingParams(temperature=1.0), 0.45),
+             # prompt lookup beside the draft model: PROMPT_LOOKUP's last token occurred before, so the
+             # first round drafts by lookup; later rounds by lookup or by the model (catching up)
+             "lookup-T1": (True, SamplingParams(temperature=1.0), 0.0)}
+PROMPT_LOOKUP = [3, 1, 4, 1]
 N_CHI2 = 2 * len(UNIT_CASES) + len(E2E_CASES) + 1  # each unit case checks two laws; + sample()
 FAMILY_ALPHA = 1e-6
 ALPHA = FAMILY_ALPHA / N_CHI2
@@ -198,15 +203,15 @@ def tiny_pair(tmp_path_factory):
     return target, root / "bundle"
 
 
-def target_joint(folder, params: SamplingParams) -> dict:
+def target_joint(folder, params: SamplingParams, prompt: list[int]) -> dict:
     """P(x1, x2) = p(x1 | prompt) p(x2 | prompt x1) from the PyTorch target (independent of ONNX and
     of the KV cache), warped by the library's probs() with the history each position really has."""
     import torch
     import transformers as tf
     model = tf.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     with torch.no_grad():
-        logits = model(torch.tensor([PROMPT + [x] for x in range(E2E_VOCAB)])).logits.double().numpy()
-    rows = [(logits[0, -2], PROMPT)] + [(logits[x, -1], PROMPT + [x]) for x in range(E2E_VOCAB)]
+        logits = model(torch.tensor([prompt + [x] for x in range(E2E_VOCAB)])).logits.double().numpy()
+    rows = [(logits[0, -2], prompt)] + [(logits[x, -1], prompt + [x]) for x in range(E2E_VOCAB)]
     if params.top_k:      # ORT and torch logits differ by ~1e-5: the top-k cut must not be that close
         for lg, hist in rows:
             seen = np.unique(hist)
@@ -227,14 +232,17 @@ def test_first_two_tokens_follow_the_target(tiny_pair, name):
     from specedge.runtime.decoder import SpeculativeDecoder
     speculative, params, draft_confidence = E2E_CASES[name]
     target, bundle = tiny_pair
-    law = target_joint(target, params)
+    ngram = 2 if name.startswith("lookup") else 0
+    prompt = PROMPT_LOOKUP if ngram else PROMPT
+    law = target_joint(target, params, prompt)
     dec = SpeculativeDecoder.from_bundle(bundle, threads=1)
     seen, hist, drafted, fewest = Counter(), np.zeros(3, dtype=int), 0, 3
+    lookup_rounds = draft_calls = 0
     for seed in range(N_E2E):
         # 3 new tokens so the first round drafts k=2 (the loop caps k at budget - 1): both of the
         # first two tokens can then come from accepted drafts, a rejection residual, or a bonus
-        r = dec.generate(PROMPT, max_new_tokens=3, k=2, seed=seed, speculative=speculative,
-                         temperature=params.temperature, top_k=params.top_k,
+        r = dec.generate(prompt, max_new_tokens=3, k=2, seed=seed, speculative=speculative,
+                         temperature=params.temperature, top_k=params.top_k, ngram=ngram, ngram_min=1,
                          repetition_penalty=params.repetition_penalty, draft_confidence=draft_confidence)
         assert len(r.token_ids) == 3 and r.finish_reason == "length"
         seen[tuple(r.token_ids[:2])] += 1
@@ -242,6 +250,8 @@ def test_first_two_tokens_follow_the_target(tiny_pair, name):
         fewest = min(fewest, r.stats.drafted)   # 1 only if the first round stopped after one draft
         if speculative:
             hist += r.stats.accepted_hist[:3]
+        lookup_rounds += r.stats.lookup_rounds
+        draft_calls += r.stats.draft_calls
     if speculative:      # every branch of accept() was taken: rejection at 0, at 1, all accepted
         print(f"{name}: drafted {drafted}, rounds by drafts accepted {hist.tolist()}")
         stops = draft_confidence > 0
@@ -249,4 +259,8 @@ def test_first_two_tokens_follow_the_target(tiny_pair, name):
         assert (fewest == 1) == stops     # early stops happened, and only then
     else:
         assert drafted == 0
+    if ngram:        # every request starts with a lookup round; some go on with model rounds
+        assert lookup_rounds >= N_E2E and draft_calls > 0
+    else:
+        assert lookup_rounds == 0
     assert chi2_test(law, seen, f"{name} first two tokens") > ALPHA
