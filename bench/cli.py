@@ -150,6 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         # GenerationConfig(): the modes are plain temperatures, as the peers run them, whatever the
         # model's generation_config.json says
         dec = SpeculativeDecoder.from_bundle(args.bundle, threads=args.threads, draft_threads=args.draft_threads,
+                                             speculative=True,
                                              config=GenerationConfig(ngram=args.ngram))
         for p in prompts:
             dec.encode(p)          # refuse an empty or over-long prompt before measuring anything

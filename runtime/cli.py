@@ -41,6 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--seed", type=int, help=f"default {_G.seed}")
     ap.add_argument("--stop", action="append", help="stop string (repeatable)")
     ap.add_argument("--no-speculation", action="store_true", help="target-only decoding")
+    ap.add_argument("--force-draft", action="store_true",
+                    help="keep the draft model even where the start-up check finds speculation slower than "
+                         "target-only decoding on this machine (it then says so on stderr)")
     ap.add_argument("--stream", action="store_true", help="print text as it is committed")
     ap.add_argument("--json", action="store_true", help="print one JSON object (text, ids, stats)")
     ap.add_argument("--providers", default="cpu", help="comma list: cpu, cuda, tensorrt (default cpu)")
@@ -79,7 +82,10 @@ def main(argv: list[str] | None = None) -> int:
         from .decoder import SpeculativeDecoder
         dec = SpeculativeDecoder.from_bundle(args.bundle, providers=args.providers.split(","),
                                              threads=args.threads, draft_threads=args.draft_threads,
-                                             speculative=cfg.speculative, config=cfg)
+                                             speculative=cfg.speculative and (args.force_draft or "auto"),
+                                             config=cfg)
+        if dec.draft_note:
+            print(f"spec-run: {dec.draft_note}", file=sys.stderr)
         stream = dec.stream(prompt)
         for piece in stream:
             if args.stream and not args.json:

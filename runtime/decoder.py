@@ -1,6 +1,7 @@
 """The speculative loop: draft -> verify -> accept -> commit / roll back. Glossary in __init__."""
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -9,6 +10,7 @@ from typing import Iterator
 import numpy as np
 
 from .config import DEFAULT_K, ConfigError, GenerationConfig, model_defaults
+from .costs import speculation_pays
 from .manifest import BundleError, Manifest
 from .ngram import NgramLookup
 from .sampling import accept, accept_greedy, confidence, greedy_tokens, probs, sample
@@ -94,6 +96,7 @@ class SpeculativeDecoder:
         self.max_context = max_context
         self.max_draft_tokens = max_draft_tokens
         self.config = config
+        self.draft_note: str | None = None       # why from_bundle dropped the draft model, if it did
 
     @property
     def default_k(self) -> int:
@@ -103,8 +106,14 @@ class SpeculativeDecoder:
 
     @classmethod
     def from_bundle(cls, path: str | Path, *, providers: list[str] | None = None, threads: int = 0,
-                    draft_threads: int = 1, speculative: bool = True, config: GenerationConfig | None = None):
+                    draft_threads: int = 1, speculative: bool | str = "auto", config: GenerationConfig | None = None):
         """Load a bundle written by spec-export; its manifest is checked before any graph loads.
+
+        `speculative`: "auto" loads the draft and times the loop on the bundle's first prompt (five short
+        greedy requests, ~0.4 s on the demo pair; specedge.runtime.costs): where the costs and acceptance
+        seen there give no k a Leviathan bound of 1.0x, the draft model is dropped and `draft_note` says
+        why (requests then decode target-only, or with prompt lookup when they ask for it). True keeps
+        the draft whatever it costs; False never loads it.
 
         `config` holds the request defaults; without one they are GenerationConfig()'s under the target's
         own generation_config.json sampling settings (do_sample, temperature, top_k, top_p,
@@ -114,6 +123,8 @@ class SpeculativeDecoder:
         `draft_threads` the draft's. The draft runs on the calling thread by default: two thread pools
         taking turns spin against each other (demo pair, 2 cores, both sessions on 2 threads:
         speculative 524 tokens/s against target-only 734), and a draft step is too small to split."""
+        if speculative not in (True, False, "auto"):
+            raise ConfigError(f"speculative must be True, False or 'auto', got {speculative!r}")
         if min(threads, draft_threads) < 0:
             raise ConfigError(f"threads must be >= 0 (0 = all cores), got threads={threads}, "
                               f"draft_threads={draft_threads}")
@@ -146,9 +157,15 @@ class SpeculativeDecoder:
             engines[role] = e
         if not speculative:
             config = replace(config, speculative=False)
-        return cls(target=engines["target"], draft=engines.get("draft"), tokenizer=tokenizer,
-                   vocab_size=m.vocab_size, eos_token_ids=m.eos_token_ids, max_context=m.max_context,
-                   max_draft_tokens=m.max_draft_tokens, config=config)
+        dec = cls(target=engines["target"], draft=engines.get("draft"), tokenizer=tokenizer,
+                  vocab_size=m.vocab_size, eos_token_ids=m.eos_token_ids, max_context=m.max_context,
+                  max_draft_tokens=m.max_draft_tokens, config=config)
+        if speculative == "auto" and dec.draft is not None:
+            prompt = _guard_prompt(path, m, tokenizer, dec.max_context)
+            pays, why = speculation_pays(dec, prompt, max_k=dec.default_k)
+            if not pays:      # the draft session's memory goes with it
+                dec.draft, dec.draft_note = None, f"speculation off: {why}; pass speculative=True to force it"
+        return dec
 
     # -- public API ------------------------------------------------------------------------------
     def generate(self, prompt, **overrides) -> Result:
@@ -163,7 +180,7 @@ class SpeculativeDecoder:
         cfg = self.config.updated(**overrides)
         if cfg.k is None:
             cfg = replace(cfg, k=self.default_k)
-        elif cfg.speculative and (self.draft is not None or cfg.ngram) and cfg.k > self.max_draft_tokens:
+        elif cfg.speculative and cfg.k > self.max_draft_tokens:      # the bundle's verify profile
             raise ConfigError(f"k={cfg.k} exceeds the bundle's max draft tokens ({self.max_draft_tokens}); "
                               f"use k <= {self.max_draft_tokens} or re-export with --max-draft-tokens {cfg.k}")
         ids = self.encode(prompt)
@@ -300,3 +317,17 @@ class SpeculativeDecoder:
             if reach < cfg.draft_confidence:   # the next drafts would likely be wasted: verify what we have
                 break
         return drafts, q[:len(drafts)]
+
+
+def _guard_prompt(path: Path, m: Manifest, tokenizer, max_context: int) -> list[int]:
+    """The bundle's first prompt (its own kind of text), else fixed pseudo-random ids: what the
+    speculation guard times the loop on."""
+    if m.prompts and (path / m.prompts).is_file():
+        for line in (path / m.prompts).read_text(encoding="utf-8").splitlines():
+            try:
+                ids = tokenizer.encode(json.loads(line)["prompt"]).ids
+            except (ValueError, KeyError, TypeError):
+                continue
+            if 0 < len(ids) < max_context // 2:
+                return ids
+    return np.random.default_rng(0).integers(0, tokenizer.get_vocab_size(), size=min(64, max_context // 4)).tolist()

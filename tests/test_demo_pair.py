@@ -29,7 +29,7 @@ def decoder(pair, tmp_path_factory):
     from specedge.runtime import SpeculativeDecoder
     bundle = tmp_path_factory.mktemp("demo") / "bundle"
     demo.ensure_bundle(bundle, pair["target"], pair["draft"], pair["prompts"])
-    return SpeculativeDecoder.from_bundle(bundle, threads=1)
+    return SpeculativeDecoder.from_bundle(bundle, threads=1, speculative=True)
 
 
 def test_pair_is_a_standard_hf_pair(pair):

@@ -235,7 +235,7 @@ def test_first_two_tokens_follow_the_target(tiny_pair, name):
     ngram = 2 if name.startswith("lookup") else 0
     prompt = PROMPT_LOOKUP if ngram else PROMPT
     law = target_joint(target, params, prompt)
-    dec = SpeculativeDecoder.from_bundle(bundle, threads=1)
+    dec = SpeculativeDecoder.from_bundle(bundle, threads=1, speculative=True)
     seen, hist, drafted, fewest = Counter(), np.zeros(3, dtype=int), 0, 3
     lookup_rounds = draft_calls = 0
     for seed in range(N_E2E):

@@ -209,7 +209,7 @@ def test_genai_builder_graphs_run_in_our_runtime(tmp_path, llama_target, llama_d
     assert m.models["draft"].weights == (draft_dtype or dtype)
     bound = 1e-4 if dtype == "fp32" else 0.5          # int4 of random weights is lossy; fp32 is exact
     assert all(info.parity[c]["max_rel_diff"] < bound for c in CASES), info.parity
-    dec = SpeculativeDecoder.from_bundle(out)
+    dec = SpeculativeDecoder.from_bundle(out, speculative=True)
     assert dec.target.share_buffer and dec.draft.share_buffer      # genai graphs run with the in-place cache
     assert dec.target.has_logits_to_keep and dec.draft.has_logits_to_keep
     spec, plain = (dec.generate([1, 2, 3], max_new_tokens=16, k=4, speculative=s) for s in (True, False))

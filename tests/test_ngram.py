@@ -55,7 +55,7 @@ def test_greedy_identity_with_prompt_lookup(pair_bundles, draft):
     """With prompt lookup, alone (no draft model) or beside either draft, greedy output is the
     target's own; lookup rounds happen, and beside a draft so do model rounds after them (the draft's
     cache catching up over several tokens)."""
-    dec = SpeculativeDecoder.from_bundle(pair_bundles[draft or "agree"], threads=1)
+    dec = SpeculativeDecoder.from_bundle(pair_bundles[draft or "agree"], threads=1, speculative=True)
     if draft is None:
         dec = SpeculativeDecoder(target=dec.target, draft=None, tokenizer=dec.tokenizer, vocab_size=dec.vocab_size,
                                  eos_token_ids=dec.eos, max_context=dec.max_context,
@@ -76,7 +76,7 @@ def test_greedy_identity_with_prompt_lookup(pair_bundles, draft):
 
 
 def test_prompt_lookup_off_changes_nothing(pair_bundles):
-    dec = SpeculativeDecoder.from_bundle(pair_bundles["agree"], threads=1)
+    dec = SpeculativeDecoder.from_bundle(pair_bundles["agree"], threads=1, speculative=True)
     a = dec.generate(PROMPTS[-1], max_new_tokens=24, k=4, temperature=0.9, seed=3)
     b = dec.generate(PROMPTS[-1], max_new_tokens=24, k=4, temperature=0.9, seed=3, ngram=0)
     assert a.token_ids == b.token_ids and a.stats.lookup_rounds == b.stats.lookup_rounds == 0

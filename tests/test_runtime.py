@@ -17,7 +17,8 @@ PROMPTS = [list(np.random.default_rng(i).integers(0, 256, size=1 + (i * 7) % 23)
 
 @pytest.fixture(scope="module")
 def decoders(pair_bundles):
-    return {name: SpeculativeDecoder.from_bundle(path) for name, path in pair_bundles.items()}
+    # speculative=True: these tests exercise speculation on tiny models, where it cannot pay (the guard's test)
+    return {name: SpeculativeDecoder.from_bundle(path, speculative=True) for name, path in pair_bundles.items()}
 
 
 def _near_tie(dec, ids, pos) -> float:
@@ -163,7 +164,7 @@ def test_text_stream_is_utf8_safe_and_holds_back_stops():
 
 
 def test_context_exhaustion_ends_with_length(pair_bundles):
-    dec = SpeculativeDecoder.from_bundle(pair_bundles["agree"])
+    dec = SpeculativeDecoder.from_bundle(pair_bundles["agree"], speculative=True)
     prompt = list(np.arange(250) % 256)
     res = dec.generate(prompt, max_new_tokens=100, k=8)
     assert res.finish_reason == "length" and len(prompt) + len(res.token_ids) == dec.max_context + 1
@@ -214,14 +215,15 @@ def test_bad_bundles(pair_bundles, tmp_path):
 
 
 def test_cli_json_and_errors(pair_bundles, capsys):
-    assert run_main([str(pair_bundles["agree"]), "def f(x):", "--max-new-tokens", "12", "--json", "--k", "3"]) == 0
+    assert run_main([str(pair_bundles["agree"]), "def f(x):", "--max-new-tokens", "12", "--json", "--k", "3",
+                     "--force-draft"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert set(out) == {"text", "token_ids", "finish_reason", "stats"}
     for key in ("drafted", "accepted", "evaluated", "acceptance_rate", "alpha", "tokens_per_target_call",
                 "target_calls", "draft_calls", "tokens_per_second", "accepted_hist"):
         assert key in out["stats"]
     assert len(out["token_ids"]) == 12 and out["finish_reason"] == "length"
-    assert run_main([str(pair_bundles["agree"]), "x", "--stream", "--max-new-tokens", "5"]) == 0
+    assert run_main([str(pair_bundles["agree"]), "x", "--stream", "--max-new-tokens", "5", "--force-draft"]) == 0
     assert "tokens/target call" in capsys.readouterr().err
     for argv, msg in [(["x", "--temperature", "-0.5"], "temperature"), (["x", "--k", "20"], "max draft tokens"),
                       ([""], "empty")]:
@@ -270,7 +272,8 @@ def test_toml_config_and_flags_map_onto_one_dataclass(pair_bundles, tmp_path, ca
     cfg_file.write_text('max_new_tokens = 7\nk = 3\nstop = ["zz"]\n[sampling]\ntemperature = 0.5\ntop_p = 0.9\n')
     cfg = load_toml(cfg_file)
     assert (cfg.max_new_tokens, cfg.k, cfg.stop, cfg.sampling.temperature, cfg.sampling.top_p) == (7, 3, ("zz",), 0.5, 0.9)
-    assert run_main([str(pair_bundles["agree"]), "x", "--config", str(cfg_file), "--json", "--k", "2"]) == 0
+    assert run_main([str(pair_bundles["agree"]), "x", "--config", str(cfg_file), "--json", "--k", "2",
+                     "--force-draft"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert len(out["token_ids"]) <= 7 and out["stats"]["k"] == 2         # the flag overrides the file
     cfg_file.write_text("temperature = -1\n")
@@ -287,13 +290,13 @@ def test_the_models_generation_config_is_the_default(pair_bundles, tmp_path, cap
     from specedge.runtime import GenerationConfig, SamplingParams
     gen = {"do_sample": True, "temperature": 0.7, "top_p": 0.9, "repetition_penalty": 1.1}
     b = _bundle_copy(pair_bundles["agree"], tmp_path / "b", lambda m: m.update(generation=gen))
-    dec = SpeculativeDecoder.from_bundle(b)
+    dec = SpeculativeDecoder.from_bundle(b, speculative=True)     # the CLI below: --force-draft, the same draws
     assert dec.config.sampling == SamplingParams(temperature=0.7, top_k=50, top_p=0.9, repetition_penalty=1.1)
     assert SpeculativeDecoder.from_bundle(b, config=GenerationConfig()).config.sampling == SamplingParams()
     sampled = dec.generate("def f(x):", max_new_tokens=12).token_ids
     greedy = dec.generate("def f(x):", max_new_tokens=12, temperature=0.0, repetition_penalty=1.0).token_ids
     assert sampled != greedy
-    args = [str(b), "def f(x):", "--max-new-tokens", "12", "--json"]
+    args = [str(b), "def f(x):", "--max-new-tokens", "12", "--json", "--force-draft"]
     assert run_main(args) == 0 and json.loads(capsys.readouterr().out)["token_ids"] == sampled
     (tmp_path / "g.toml").write_text("max_new_tokens = 12\n")         # keys it leaves out stay the model's
     assert run_main(args + ["--config", str(tmp_path / "g.toml")]) == 0
@@ -338,9 +341,9 @@ def test_default_k_follows_the_bundle_and_explicit_k_is_checked(decoders):
 def test_the_draft_runs_on_one_thread_unless_asked(pair_bundles):
     """Two thread pools taking turns spin against each other: the draft defaults to the calling thread."""
     intra = lambda engine: engine.session.get_session_options().intra_op_num_threads
-    dec = SpeculativeDecoder.from_bundle(pair_bundles["agree"], threads=2)
+    dec = SpeculativeDecoder.from_bundle(pair_bundles["agree"], threads=2, speculative=True)
     assert (intra(dec.target), intra(dec.draft)) == (2, 1)
-    dec = SpeculativeDecoder.from_bundle(pair_bundles["agree"], threads=2, draft_threads=2)
+    dec = SpeculativeDecoder.from_bundle(pair_bundles["agree"], threads=2, draft_threads=2, speculative=True)
     assert (intra(dec.target), intra(dec.draft)) == (2, 2)
     with pytest.raises(ConfigError, match="threads must be >= 0"):
         SpeculativeDecoder.from_bundle(pair_bundles["agree"], draft_threads=-1)
@@ -390,3 +393,25 @@ def test_incremental_text_equals_full_decode(kind):
             i += n
         pieces.append(ts.flush())
         assert "".join(pieces) == ts.text == full
+
+
+def test_speculation_guard_drops_a_draft_that_cannot_pay(pair_bundles, capsys):
+    """The 'disagree' draft is never accepted (alpha 0 on the guard's prompt): a round then yields one
+    token for a verify and a draft step, more than a target step, whatever the machine. from_bundle's
+    default ('auto') times the loop, drops the draft and says why; speculative=True keeps it. Outputs
+    are the target's either way. (The guard's verdict on a borderline pair follows the timings: the
+    'agree' pair, a same-size copy of its target, sits at 0.94-1.08x; only a hopeless one is tested.)"""
+    bundle = str(pair_bundles["disagree"])
+    auto = SpeculativeDecoder.from_bundle(bundle)
+    assert auto.draft is None and "speculation off" in auto.draft_note and "alpha was 0.00" in auto.draft_note
+    forced = SpeculativeDecoder.from_bundle(bundle, speculative=True)
+    assert forced.draft is not None and forced.draft_note is None
+    a, f = (d.generate(PROMPTS[3], max_new_tokens=16) for d in (auto, forced))
+    assert a.token_ids == f.token_ids and a.stats.drafted == 0 < f.stats.drafted
+    assert auto.generate([1, 2, 3] * 4, max_new_tokens=16, ngram=3).stats.lookup_rounds > 0   # lookup still drafts
+    with pytest.raises(ConfigError, match="speculative must be True, False or 'auto'"):
+        SpeculativeDecoder.from_bundle(bundle, speculative="yes")
+    for flags, drafted in (([], False), (["--force-draft"], True)):
+        assert run_main([bundle, "abc", "--json", "--max-new-tokens", "8", *flags]) == 0
+        out = capsys.readouterr()
+        assert ("speculation off" in out.err) != drafted and (json.loads(out.out)["stats"]["drafted"] > 0) == drafted

@@ -36,7 +36,8 @@ def main(argv=None) -> None:
     lines = (args.bundle / manifest.prompts).read_text(encoding="utf-8").splitlines()
     prompts = [json.loads(line)["prompt"] for line in lines if line.strip()]
     prompts = prompts[::max(1, len(prompts) // args.prompts)][:args.prompts]
-    pair = SpeculativeDecoder.from_bundle(args.bundle, threads=args.threads, config=GenerationConfig())
+    pair = SpeculativeDecoder.from_bundle(args.bundle, threads=args.threads, config=GenerationConfig(),
+                                          speculative=True)
     # the same target graph without a draft model: lookup is the only drafter
     solo = SpeculativeDecoder.from_bundle(args.bundle, threads=args.threads, config=GenerationConfig(),
                                           speculative=False)

@@ -365,7 +365,8 @@ def measure(args) -> dict:
     from specedge.bench.ours import step_costs
     from specedge.runtime import GenerationConfig, SpeculativeDecoder, __version__
 
-    dec = SpeculativeDecoder.from_bundle(args.bundle, threads=THREADS, config=GenerationConfig())   # plain T
+    dec = SpeculativeDecoder.from_bundle(args.bundle, threads=THREADS, config=GenerationConfig(),   # plain T
+                                         speculative=True)     # the bars are about the draft, whatever it costs
     data = json.loads(data_json.read_text())
     tokens = np.fromfile(heldout_bin, dtype=np.uint16)
     bpt = data["bytes_heldout"] / data["tokens_heldout"]

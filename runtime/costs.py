@@ -1,0 +1,96 @@
+"""What a round costs on this machine, and whether speculation can pay for it at all.
+
+c = draft 1-token step / target 1-token step; r(k) = target (k+1)-token call / 1-token call. With
+per-token acceptance alpha, a round of k drafts yields E = (1 - alpha^(k+1)) / (1 - alpha) tokens for
+r(k) + k c target steps (Leviathan et al. 2023). Where a target step is as cheap as the engine's fixed
+per-call cost (the demo target with int8 weights on a CPU: c 0.34-0.43, r(2) 1.63), no draft makes up
+for it, and decoding target-only is faster.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+import numpy as np
+
+GUARD_KS = (1, 2, 4)        # the k whose verify cost the guard measures (bounded by the bundle's max)
+# the guard keeps the draft when its bound reaches this; the loop's defaults measured 0.9-1.0 of the bound
+GUARD_MIN_BOUND = 1.0
+
+
+def leviathan_bound(alpha: float, k: int, r: float, c: float) -> float:
+    """Expected speedup of speculative over target-only decoding (Leviathan et al. 2023):
+    tokens per round E = (1 - alpha^(k+1)) / (1 - alpha) over a round's cost r + k c target steps."""
+    tokens = k + 1 if alpha >= 1.0 else (1 - alpha ** (k + 1)) / (1 - alpha)
+    return tokens / (r + k * c)
+
+
+def _timed_run(engine, ids_list) -> float:
+    """Mean seconds per call over consecutive calls, as the loop makes them (a draft runs k times in
+    a row, so its weights stay in cache); the cache is rolled back afterwards."""
+    n = engine.length
+    t0 = time.perf_counter()
+    for ids in ids_list:
+        engine.run(ids)
+    dt = (time.perf_counter() - t0) / len(ids_list)
+    engine.truncate(n)
+    return dt
+
+
+def step_costs(dec, *, past: int, ks, reps: int = 30, run: int = 4) -> dict:
+    """c and r(k) for k in ks, measured on the decoder's engines at `past` cached tokens: runs of
+    `run` consecutive calls, the runs of each kind interleaved, medians. Leaves both caches holding
+    `past` random tokens (a request starts by resetting them)."""
+    rng = np.random.default_rng(0)
+    ctx = rng.integers(0, dec.vocab_size, size=past)
+    for e in (dec.target, dec.draft):
+        e.truncate(0)
+        e.run(ctx)
+    tokens = lambda n: [rng.integers(0, dec.vocab_size, size=n) for _ in range(run)]
+    times = {"draft": [], "target": [], **{k: [] for k in ks}}
+    for _ in range(reps):
+        times["draft"].append(_timed_run(dec.draft, tokens(1)))
+        times["target"].append(_timed_run(dec.target, tokens(1)))
+        for k in ks:
+            times[k].append(_timed_run(dec.target, [rng.integers(0, dec.vocab_size, size=k + 1)]))
+    med = {name: statistics.median(v) for name, v in times.items()}
+    return {"c": med["draft"] / med["target"], "r": {k: med[k] / med["target"] for k in ks},
+            "target_step_ms": 1e3 * med["target"], "draft_step_ms": 1e3 * med["draft"]}
+
+
+def best_bound(costs: dict, alpha: float) -> tuple[int, float]:
+    """(k, bound) of the k in costs["r"] with the highest Leviathan bound at this alpha."""
+    return max(((k, leviathan_bound(alpha, k, r, costs["c"])) for k, r in costs["r"].items()),
+               key=lambda kb: kb[1])
+
+
+def loop_costs(dec, prompt: list[int], *, ks, new_tokens: int = 32) -> dict:
+    """c and r(k) from the loop itself: per-call engine times of short greedy requests, target-only and
+    with k drafts a round for each k (the target-only one twice: the first warms up). A microbenchmark
+    of the same calls misses what the loop does between them (the demo target with int8 weights:
+    r(1) 1.2-1.3 and c 0.3 in isolation, 1.55 and 0.42 in the loop)."""
+    run = lambda **kw: dec.generate(prompt, max_new_tokens=new_tokens, ignore_eos=True, temperature=0.0,
+                                    stop=(), ngram=0, **kw).stats
+    run(speculative=False)
+    plain = run(speculative=False)
+    step = plain.seconds_target / plain.target_calls
+    r, draft, accepted, evaluated = {}, [], 0, 0
+    for k in ks:
+        s = run(speculative=True, k=k, draft_confidence=0.0)
+        r[k] = s.seconds_target / s.target_calls / step
+        draft.append(s.seconds_draft / s.draft_calls)
+        accepted, evaluated = accepted + s.accepted, evaluated + s.evaluated
+    return {"c": statistics.median(draft) / step, "r": r, "alpha": accepted / max(1, evaluated),
+            "target_step_ms": 1e3 * step, "draft_step_ms": 1e3 * statistics.median(draft)}
+
+
+def speculation_pays(dec, prompt: list[int], *, max_k: int) -> tuple[bool, str]:
+    """Time the loop on `prompt` (5 short greedy requests: ~0.3 s on the demo pair) and say whether the
+    draft, at the acceptance it showed there, lets speculation reach GUARD_MIN_BOUND x target-only
+    decoding at its best k; the reason in words."""
+    ks = [k for k in GUARD_KS if k <= max_k] or [max_k]
+    costs = loop_costs(dec, prompt, ks=ks)
+    k, bound = best_bound(costs, costs["alpha"])
+    why = (f"a draft step costs {costs['c']:.2f} target steps, a {k + 1}-token verify {costs['r'][k]:.2f}, and "
+           f"alpha was {costs['alpha']:.2f}: the best k ({k}) would run at {bound:.2f}x target-only decoding")
+    return bound >= GUARD_MIN_BOUND, why
