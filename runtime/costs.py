@@ -3,8 +3,8 @@
 c = draft 1-token step / target 1-token step; r(k) = target (k+1)-token call / 1-token call. With
 per-token acceptance alpha, a round of k drafts yields E = (1 - alpha^(k+1)) / (1 - alpha) tokens for
 r(k) + k c target steps (Leviathan et al. 2023). Where a target step is as cheap as the engine's fixed
-per-call cost (the demo target with int8 weights on a CPU: c 0.34-0.43, r(2) 1.63), no draft makes up
-for it, and decoding target-only is faster.
+per-call cost (the demo target with int8 weights on a CPU: in the loop c 0.3-0.43 and r(1) 1.55-1.63),
+no draft makes up for it, and decoding target-only is faster.
 """
 from __future__ import annotations
 
@@ -85,7 +85,7 @@ def loop_costs(dec, prompt: list[int], *, ks, new_tokens: int = 32) -> dict:
 
 
 def speculation_pays(dec, prompt: list[int], *, max_k: int) -> tuple[bool, str]:
-    """Time the loop on `prompt` (5 short greedy requests: ~0.3 s on the demo pair) and say whether the
+    """Time the loop on `prompt` (5 short greedy requests: 0.36-0.44 s on the demo pair) and say whether the
     draft, at the acceptance it showed there, lets speculation reach GUARD_MIN_BOUND x target-only
     decoding at its best k; the reason in words."""
     ks = [k for k in GUARD_KS if k <= max_k] or [max_k]
