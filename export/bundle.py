@@ -20,6 +20,7 @@ from .loader import ExportError, check_source, load_model
 
 GENERATION_KEYS = ("do_sample", "temperature", "top_k", "top_p", "repetition_penalty")
 # Largest relative logit difference (to max |logit|) an export may show; int4 is lossy by design.
+PARITY_PROMPT = 7      # prompt tokens of the parity check (specedge.export.parity.measure)
 PARITY_BOUND = {"fp32": 1e-3, "fp16": 5e-2}
 
 
@@ -97,7 +98,7 @@ def export_one(src: Path, dst: Path, *, role: str, dtype: str, max_context: int 
         if add_logits_to_keep(dst / "model.onnx") and KEEP not in inputs:
             inputs = [*inputs, KEEP]
     with phase(f"[{role}] parity ONNX Runtime vs PyTorch", quiet):
-        parity = measure(model, dst / "model.onnx", vocab_size=dims["vocab_size"], k=k,
+        parity = measure(model, dst / "model.onnx", vocab_size=dims["vocab_size"], k=k, prompt_len=PARITY_PROMPT,
                          num_kv_heads=dims["num_kv_heads"], head_dim=dims["head_dim"],
                          in_place=builder == "genai", max_context=dims["max_context"])
     if not quiet:
@@ -196,6 +197,10 @@ def export_bundle(*, target: Path, draft: Path | None, out: Path, dtype: str = "
     dims = {role: check_source(src, dtype=_reference_dtype(dtypes[role]), max_context=max_context,
                                allow_pickle=allow_pickle)
             for role, src in sources.items()}
+    context = min(d["max_context"] for d in dims.values())
+    if context < PARITY_PROMPT + k + 2:      # the parity check's prompt, a (k+1)-token verify, one more step
+        raise ExportError(f"--max-context {context} leaves no room for a {k + 1}-token verify after a prompt; "
+                          f"use --max-context {PARITY_PROMPT + k + 2} or more (or fewer --max-draft-tokens)")
     if prompts:
         _check_prompts(Path(prompts))
     toks = {role: tokenizer_json(src) for role, src in sources.items()}

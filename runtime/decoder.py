@@ -109,8 +109,8 @@ class SpeculativeDecoder:
                     draft_threads: int = 1, speculative: bool | str = "auto", config: GenerationConfig | None = None):
         """Load a bundle written by spec-export; its manifest is checked before any graph loads.
 
-        `speculative`: "auto" loads the draft and times the loop on the bundle's first prompt (five short
-        greedy requests, ~0.4 s on the demo pair; specedge.runtime.costs): where the costs and acceptance
+        `speculative`: "auto" loads the draft and times the loop on the bundle's first prompt (seven short
+        greedy requests, ~0.5 s on the demo pair; specedge.runtime.costs): where the costs and acceptance
         seen there give no k a Leviathan bound of 1.0x, the draft model is dropped and `draft_note` says
         why (requests then decode target-only, or with prompt lookup when they ask for it). True keeps
         the draft whatever it costs; False never loads it.

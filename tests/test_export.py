@@ -93,6 +93,8 @@ def test_bad_inputs(tmp_path, capsys, llama_target):
                                                           "--opset", "17"])
     msg = _err(capsys, ["model", str(llama_target), "--out", out, "--max-context", "100000"])
     assert "position limit of 512" in msg
+    msg = _err(capsys, ["model", str(llama_target), "--out", out, "--max-context", "12", "--max-draft-tokens", "8"])
+    assert "--max-context 12 leaves no room for a 9-token verify" in msg and "--max-context 17" in msg
     (tmp_path / "exists").mkdir()
     assert "--overwrite" in _err(capsys, ["model", str(llama_target), "--out", str(tmp_path / "exists")])
     assert not (tmp_path / "out").exists()
