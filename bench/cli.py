@@ -14,6 +14,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from specedge.runtime.costs import speculation_pays
+
 from . import ours
 
 MODES = {"greedy": {"temperature": 0.0}, "sampled": {"temperature": 0.8}}
@@ -163,6 +165,9 @@ def main(argv: list[str] | None = None) -> int:
     result = {"bundle": str(args.bundle), "prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
               "threads": args.threads, "draft_threads": args.draft_threads, "repeats": args.repeats, "machine": f"{platform.machine()}, "
               f"{os.cpu_count()} cores", "step_costs": costs}
+    # what from_bundle's default (speculative="auto") would decide on this machine; this run keeps the draft
+    keeps, why = speculation_pays(dec, dec.encode(prompts[0]), max_k=dec.default_k)
+    result["guard"] = {"keeps_draft": keeps, "why": why}
     for mode, sampling in MODES.items():
         print(f"[ours] {mode}: target-only and K in {ks} over {len(prompts)} prompts x {args.repeats}",
               file=sys.stderr, flush=True)
@@ -196,6 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         png = None
         print("spec-bench: matplotlib missing (pip install 'specedge[bench]'): no plot", file=sys.stderr)
     print(table(result))
+    print(f"\nfrom_bundle's speculation guard would {'keep' if keeps else 'drop'} the draft here: {why}")
     print(f"\nwrote {args.json}" + (f" and {png}" if png else "") + f" in {result['seconds']:.0f} s")
     return 0
 

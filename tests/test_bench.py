@@ -39,6 +39,7 @@ def test_quick_bench_writes_every_figure(pair_bundles, tmp_path, capsys):
         assert d["k"] == 6 and 0 < d["drafts_per_round"] <= 6 and d["draft_confidence"] == GenerationConfig().draft_confidence
         assert d["ngram"] == 2 and (d["lookup_round_fraction"] > 0 or mode == "sampled")   # greedy output loops
         assert m["default_speedup"] == pytest.approx(d["tps"] / m["plain_tps"])
+    assert isinstance(r["guard"]["keeps_draft"], bool) and "target-only decoding" in r["guard"]["why"]
     assert (tmp_path / "bench.png").stat().st_size > 10_000
     assert "| greedy |" in capsys.readouterr().out
 
