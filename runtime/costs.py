@@ -68,7 +68,7 @@ def loop_costs(dec, prompt: list[int], *, ks, new_tokens: int = 32) -> dict:
     """c and r(k) from the loop itself: per-call engine times of short greedy requests, target-only and
     with k drafts a round, alternating (a target-only request before each k, their median the baseline;
     one more first, untimed, to warm up). A microbenchmark of the same calls misses what the loop does
-    between them (the demo target with int8 weights: r(1) 1.2-1.3 and c 0.3 in isolation, 1.55 and 0.42
+    between them (the demo target with int8 weights: r(1) 1.1-1.3 and c 0.3 in isolation, 1.55 and 0.42
     in the loop)."""
     new_tokens = max(2, min(new_tokens, (dec.max_context - len(prompt)) // 2))
     run = lambda **kw: dec.generate(prompt, max_new_tokens=new_tokens, ignore_eos=True, temperature=0.0,
