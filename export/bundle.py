@@ -19,8 +19,8 @@ from specedge.runtime.manifest import MANIFEST, Manifest, ModelInfo, io_names
 from .loader import ExportError, check_source, load_model
 
 GENERATION_KEYS = ("do_sample", "temperature", "top_k", "top_p", "repetition_penalty")
-# Largest relative logit difference (to max |logit|) an export may show; int4 is lossy by design.
 PARITY_PROMPT = 7      # prompt tokens of the parity check (specedge.export.parity.measure)
+# Largest relative logit difference (to max |logit|) an export may show; int4 is lossy by design.
 PARITY_BOUND = {"fp32": 1e-3, "fp16": 5e-2}
 
 
