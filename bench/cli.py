@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from specedge.runtime.costs import speculation_pays
+from specedge.runtime.manifest import read_prompts
 
 from . import ours
 
@@ -42,19 +43,6 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--json", type=Path, default=Path("bench.json"))
     ap.add_argument("--plot", type=Path, default=None, help="PNG path (default: next to --json)")
     return ap
-
-
-def load_prompts(path: Path, n: int) -> list[str]:
-    prompts = []
-    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if line.strip():
-            try:
-                prompts.append(json.loads(line)["prompt"])
-            except (json.JSONDecodeError, KeyError, TypeError) as e:
-                raise ValueError(f"{path}:{i}: each line must be a JSON object with a 'prompt' ({e})") from e
-    if not prompts:
-        raise ValueError(f"{path} holds no prompts")
-    return prompts[:n]
 
 
 def run_peer(system: str, *, mode: str, k: int, target: Path, draft: Path, prompts: Path, draft_precision: str,
@@ -148,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         ks = sorted({int(k) for k in args.ks.split(",")})
         if not ks or min(ks) < 1 or max(ks) > manifest.max_draft_tokens:
             raise BundleError(f"--ks must lie in 1..{manifest.max_draft_tokens} (the bundle's max draft tokens)")
-        prompts = load_prompts(prompts_path, args.n_prompts)
+        prompts = read_prompts(prompts_path)[:args.n_prompts]
         # GenerationConfig(): the modes are plain temperatures, as the peers run them, whatever the
         # model's generation_config.json says
         dec = SpeculativeDecoder.from_bundle(args.bundle, threads=args.threads, draft_threads=args.draft_threads,
@@ -163,8 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     plen = int(sum(len(dec.tokenizer.encode(p).ids) for p in prompts) / len(prompts))
     costs = ours.step_costs(dec, past=plen + args.max_new_tokens // 2, ks=ks)
     result = {"bundle": str(args.bundle), "prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
-              "threads": args.threads, "draft_threads": args.draft_threads, "repeats": args.repeats, "machine": f"{platform.machine()}, "
-              f"{os.cpu_count()} cores", "step_costs": costs}
+              "threads": args.threads, "draft_threads": args.draft_threads, "repeats": args.repeats,
+              "machine": f"{platform.machine()}, {os.cpu_count()} cores", "step_costs": costs}
     # what from_bundle's default (speculative="auto") would decide on this machine; this run keeps the draft
     keeps, why = speculation_pays(dec, dec.encode(prompts[0]), max_k=dec.default_k)
     result["guard"] = {"keeps_draft": keeps, "why": why}

@@ -9,7 +9,42 @@ from __future__ import annotations
 import statistics
 import time
 
-from specedge.runtime.costs import leviathan_bound, step_costs  # noqa: F401  (spec-bench's figures)
+import numpy as np
+
+from specedge.runtime.costs import leviathan_bound
+
+
+def _timed_run(engine, ids_list) -> float:
+    """Mean seconds per call over consecutive calls, as the loop makes them (a draft runs k times in
+    a row, so its weights stay in cache); the cache is rolled back afterwards."""
+    n = engine.length
+    t0 = time.perf_counter()
+    for ids in ids_list:
+        engine.run(ids)
+    dt = (time.perf_counter() - t0) / len(ids_list)
+    engine.truncate(n)
+    return dt
+
+
+def step_costs(dec, *, past: int, ks, reps: int = 30, run: int = 4) -> dict:
+    """c and r(k) for k in ks, measured on the decoder's engines at `past` cached tokens: runs of
+    `run` consecutive calls, the runs of each kind interleaved, medians. Leaves both caches holding
+    `past` random tokens (a request starts by resetting them)."""
+    rng = np.random.default_rng(0)
+    ctx = rng.integers(0, dec.vocab_size, size=past)
+    for e in (dec.target, dec.draft):
+        e.truncate(0)
+        e.run(ctx)
+    tokens = lambda n: [rng.integers(0, dec.vocab_size, size=n) for _ in range(run)]
+    times = {"draft": [], "target": [], **{k: [] for k in ks}}
+    for _ in range(reps):
+        times["draft"].append(_timed_run(dec.draft, tokens(1)))
+        times["target"].append(_timed_run(dec.target, tokens(1)))
+        for k in ks:
+            times[k].append(_timed_run(dec.target, [rng.integers(0, dec.vocab_size, size=k + 1)]))
+    med = {name: statistics.median(v) for name, v in times.items()}
+    return {"c": med["draft"] / med["target"], "r": {k: med[k] / med["target"] for k in ks},
+            "target_step_ms": 1e3 * med["target"], "draft_step_ms": 1e3 * med["draft"]}
 
 
 def measure(dec, prompts: list[str], *, ks, sampling: dict, max_new_tokens: int, repeats: int) -> dict:
@@ -52,7 +87,8 @@ def measure(dec, prompts: list[str], *, ks, sampling: dict, max_new_tokens: int,
         conf = over.get("draft_confidence", dec.config.draft_confidence)
         a, tps = agg[name], per_rep[name]
         out[name] = {"k": k, "draft_confidence": conf, "ngram": over.get("ngram", dec.config.ngram),
-                     "tps": statistics.median(tps), "tps_min": min(tps), "tps_max": max(tps), "drafts_per_round": a["drafted"] / a["target_calls"],
+                     "tps": statistics.median(tps), "tps_min": min(tps), "tps_max": max(tps),
+                     "drafts_per_round": a["drafted"] / a["target_calls"],
                      "alpha": a["accepted"] / a["evaluated"] if a["evaluated"] else None,
                      "acceptance_rate": a["accepted"] / a["drafted"] if a["drafted"] else None,
                      "tokens_per_target_call": a["tokens"] / a["target_calls"],

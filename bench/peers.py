@@ -27,6 +27,8 @@ import time
 import traceback
 from pathlib import Path
 
+from specedge.runtime.manifest import read_prompts
+
 # What a peer raises when its library, model or config is not up to the job (onnxruntime-genai raises
 # RuntimeError, transformers ValueError/OSError/TypeError, an older library AttributeError).
 PEER_ERRORS = (OSError, RuntimeError, ValueError, KeyError, TypeError, AttributeError, ImportError,
@@ -47,14 +49,6 @@ def one_line(e: BaseException) -> str:
 
 def log(msg: str) -> None:
     print(f"[peers] {msg}", file=sys.stderr, flush=True)
-
-
-def load_prompts(path: Path, n: int | None) -> list[str]:
-    prompts = [json.loads(line)["prompt"] for line in path.read_text().splitlines() if line.strip()]
-    prompts = prompts[:n] if n else prompts
-    if not prompts:
-        raise ValueError(f"no prompts in {path}")
-    return prompts
 
 
 def hf_folder(path: Path) -> Path:
@@ -385,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if min(args.repeats, args.k, args.max_new_tokens, args.threads, args.draft_threads) < 1:
             raise ValueError("--repeats, --k, --max-new-tokens, --threads and --draft-threads must be >= 1")
-        prompts = load_prompts(args.prompts, args.n_prompts)
+        prompts = read_prompts(args.prompts)[:args.n_prompts or None]
         res["n_prompts"] = len(prompts)
         (run_hf if args.system == "hf" else run_ortgenai)(args, prompts, res)
     except PEER_ERRORS as e:

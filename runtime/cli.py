@@ -69,8 +69,7 @@ def stats_line(stats) -> str:
         line += (f", k={stats.k}, acceptance {stats.acceptance_rate:.2f}, alpha {stats.alpha:.2f}, "
                  f"{stats.tokens_per_target_call:.2f} tokens/target call")
     if stats.lookup_rounds:
-        line += (f", prompt lookup drafted {stats.lookup_rounds}/{stats.rounds} rounds "
-                 f"(alpha {stats.lookup_accepted / max(1, stats.lookup_evaluated):.2f})")
+        line += f", prompt lookup drafted {stats.lookup_rounds}/{stats.rounds} rounds (alpha {stats.lookup_alpha:.2f})"
     return line + "]"
 
 
@@ -80,10 +79,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = config_from_args(args, model_defaults(Manifest.load(args.bundle).generation))
         from .decoder import SpeculativeDecoder
+        mode = (True if args.force_draft else "auto") if cfg.speculative else False   # "auto": the guard decides
         dec = SpeculativeDecoder.from_bundle(args.bundle, providers=args.providers.split(","),
                                              threads=args.threads, draft_threads=args.draft_threads,
-                                             speculative=cfg.speculative and (args.force_draft or "auto"),
-                                             config=cfg)
+                                             speculative=mode, config=cfg)
         if dec.draft_note:
             print(f"spec-run: {dec.draft_note}", file=sys.stderr)
         stream = dec.stream(prompt)

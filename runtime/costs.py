@@ -9,9 +9,7 @@ no draft makes up for it, and decoding target-only is faster.
 from __future__ import annotations
 
 import statistics
-import time
 
-import numpy as np
 
 GUARD_KS = (1, 2, 4)        # the k whose verify cost the guard measures (bounded by the bundle's max)
 # the guard keeps the draft when its bound reaches this; the loop's defaults measured 0.9-1.0 of the bound
@@ -23,39 +21,6 @@ def leviathan_bound(alpha: float, k: int, r: float, c: float) -> float:
     tokens per round E = (1 - alpha^(k+1)) / (1 - alpha) over a round's cost r + k c target steps."""
     tokens = k + 1 if alpha >= 1.0 else (1 - alpha ** (k + 1)) / (1 - alpha)
     return tokens / (r + k * c)
-
-
-def _timed_run(engine, ids_list) -> float:
-    """Mean seconds per call over consecutive calls, as the loop makes them (a draft runs k times in
-    a row, so its weights stay in cache); the cache is rolled back afterwards."""
-    n = engine.length
-    t0 = time.perf_counter()
-    for ids in ids_list:
-        engine.run(ids)
-    dt = (time.perf_counter() - t0) / len(ids_list)
-    engine.truncate(n)
-    return dt
-
-
-def step_costs(dec, *, past: int, ks, reps: int = 30, run: int = 4) -> dict:
-    """c and r(k) for k in ks, measured on the decoder's engines at `past` cached tokens: runs of
-    `run` consecutive calls, the runs of each kind interleaved, medians. Leaves both caches holding
-    `past` random tokens (a request starts by resetting them)."""
-    rng = np.random.default_rng(0)
-    ctx = rng.integers(0, dec.vocab_size, size=past)
-    for e in (dec.target, dec.draft):
-        e.truncate(0)
-        e.run(ctx)
-    tokens = lambda n: [rng.integers(0, dec.vocab_size, size=n) for _ in range(run)]
-    times = {"draft": [], "target": [], **{k: [] for k in ks}}
-    for _ in range(reps):
-        times["draft"].append(_timed_run(dec.draft, tokens(1)))
-        times["target"].append(_timed_run(dec.target, tokens(1)))
-        for k in ks:
-            times[k].append(_timed_run(dec.target, [rng.integers(0, dec.vocab_size, size=k + 1)]))
-    med = {name: statistics.median(v) for name, v in times.items()}
-    return {"c": med["draft"] / med["target"], "r": {k: med[k] / med["target"] for k in ks},
-            "target_step_ms": 1e3 * med["target"], "draft_step_ms": 1e3 * med["draft"]}
 
 
 def best_bound(costs: dict, alpha: float) -> tuple[int, float]:

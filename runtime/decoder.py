@@ -1,7 +1,6 @@
 """The speculative loop: draft -> verify -> accept -> commit / roll back. Glossary in __init__."""
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -11,7 +10,7 @@ import numpy as np
 
 from .config import DEFAULT_K, ConfigError, GenerationConfig, model_defaults
 from .costs import speculation_pays
-from .manifest import BundleError, Manifest
+from .manifest import BundleError, Manifest, read_prompts
 from .ngram import NgramLookup
 from .sampling import accept, accept_greedy, confidence, greedy_tokens, probs, sample
 from .text import TextStream
@@ -49,6 +48,10 @@ class Stats:
         return self.accepted / self.evaluated if self.evaluated else 0.0
 
     @property
+    def lookup_alpha(self) -> float:
+        return self.lookup_accepted / self.lookup_evaluated if self.lookup_evaluated else 0.0
+
+    @property
     def tokens_per_target_call(self) -> float:
         return self.new_tokens / self.target_calls if self.target_calls else 0.0
 
@@ -62,7 +65,8 @@ class Stats:
 
     def to_dict(self) -> dict:
         d = asdict(self)
-        for name in ("acceptance_rate", "alpha", "tokens_per_target_call", "tokens_per_second", "seconds_host"):
+        for name in ("acceptance_rate", "alpha", "lookup_alpha", "tokens_per_target_call", "tokens_per_second",
+                     "seconds_host"):
             d[name] = getattr(self, name)
         return d
 
@@ -280,14 +284,15 @@ class SpeculativeDecoder:
         if self.draft is not None:               # (after lookup rounds it lags: the next draft call catches up)
             self.draft.truncate(min(self.draft.length, n + n_accepted))
         if k:
+            evaluated = n_accepted + (n_accepted < k)    # the drafts the verifier reached
             stats.drafted += k
             stats.accepted += n_accepted
-            stats.evaluated += n_accepted + (n_accepted < k)
+            stats.evaluated += evaluated
             stats.accepted_hist[n_accepted] += 1
             if from_lookup:
                 stats.lookup_rounds += 1
                 stats.lookup_accepted += n_accepted
-                stats.lookup_evaluated += n_accepted + (n_accepted < k)
+                stats.lookup_evaluated += evaluated
         stats.target_calls += 1
         stats.rounds += 1
         return new
@@ -320,14 +325,14 @@ class SpeculativeDecoder:
 
 
 def _guard_prompt(path: Path, m: Manifest, tokenizer, max_context: int) -> list[int]:
-    """The bundle's first prompt (its own kind of text), else fixed pseudo-random ids: what the
-    speculation guard times the loop on."""
-    if m.prompts and (path / m.prompts).is_file():
-        for line in (path / m.prompts).read_text(encoding="utf-8").splitlines():
-            try:
-                ids = tokenizer.encode(json.loads(line)["prompt"]).ids
-            except (ValueError, KeyError, TypeError):
-                continue
-            if 0 < len(ids) < max_context // 2:
-                return ids
+    """The bundle's first prompt that leaves room to generate (its own kind of text), else fixed
+    pseudo-random ids: what the speculation guard times the loop on."""
+    try:
+        prompts = read_prompts(path / m.prompts) if m.prompts else []
+    except (OSError, ValueError):     # a missing or edited prompts file costs the guard its text, nothing more
+        prompts = []
+    for prompt in prompts:
+        ids = tokenizer.encode(prompt).ids
+        if 0 < len(ids) < max_context // 2:
+            return ids
     return np.random.default_rng(0).integers(0, tokenizer.get_vocab_size(), size=min(64, max_context // 4)).tolist()

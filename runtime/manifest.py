@@ -141,3 +141,18 @@ class Manifest:
         if missing:
             raise BundleError(f"bundle {folder} is missing {', '.join(missing)}; re-export it with spec-export")
         return m
+
+
+def read_prompts(path: str | Path) -> list[str]:
+    """The prompts of a JSONL file (one object with a "prompt" a line: a bundle's prompts.jsonl)."""
+    path = Path(path)
+    prompts = []
+    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if line.strip():
+            try:
+                prompts.append(json.loads(line)["prompt"])
+            except (json.JSONDecodeError, KeyError, TypeError) as e:
+                raise ValueError(f"{path}:{i}: each line must be a JSON object with a 'prompt' ({e})") from e
+    if not prompts:
+        raise ValueError(f"{path} holds no prompts")
+    return prompts

@@ -31,10 +31,9 @@ def main(argv=None) -> None:
     ap.add_argument("--json", type=Path, default=Path("/tmp/bench_lookup.json"))
     args = ap.parse_args(argv)
     from specedge.runtime import GenerationConfig, Manifest, SpeculativeDecoder, __version__
+    from specedge.runtime.manifest import read_prompts
 
-    manifest = Manifest.load(args.bundle)
-    lines = (args.bundle / manifest.prompts).read_text(encoding="utf-8").splitlines()
-    prompts = [json.loads(line)["prompt"] for line in lines if line.strip()]
+    prompts = read_prompts(args.bundle / Manifest.load(args.bundle).prompts)
     prompts = prompts[::max(1, len(prompts) // args.prompts)][:args.prompts]
     pair = SpeculativeDecoder.from_bundle(args.bundle, threads=args.threads, config=GenerationConfig(),
                                           speculative=True)
@@ -69,10 +68,11 @@ def main(argv=None) -> None:
                         if outputs.setdefault(i, r.token_ids) != r.token_ids:
                             raise SystemExit(f"{name}: greedy output differs from the other variants on prompt {i}")
         base = agg["target_only"]["tokens"] / agg["target_only"]["seconds"]
+        ratio = lambda num, den: num / den if den else None       # pooled over requests
         result[mode] = {name: {**a, "tokens_per_second": a["tokens"] / a["seconds"],
                                "speedup": a["tokens"] / a["seconds"] / base,
-                               "alpha": a["accepted"] / a["evaluated"] if a["evaluated"] else None,
-                               "lookup_alpha": a["lookup_accepted"] / a["lookup_evaluated"] if a["lookup_evaluated"] else None,
+                               "alpha": ratio(a["accepted"], a["evaluated"]),
+                               "lookup_alpha": ratio(a["lookup_accepted"], a["lookup_evaluated"]),
                                "lookup_round_fraction": a["lookup_rounds"] / a["rounds"]}
                         for name, a in agg.items()}
         for name, v in result[mode].items():

@@ -35,8 +35,9 @@ PY=${PYTHON:-python3}
 "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())" | tee "$OUT/log.txt"
 if [ "${DRAFT_ONLY:-0}" = 1 ]; then
   "$PY" tools/train_demo_pair.py teacher --work "$W" --from models/target >> "$OUT/log.txt" 2>&1
+  SHAPES=${SHAPES:-${SHAPE:-4x128 3x128x768 4x192}}
   pids=()
-  for S in ${SHAPES:-${SHAPE:-4x128 3x128x768 4x192}}; do
+  for S in $SHAPES; do
     WS="$W/drafts/$S"
     mkdir -p "$WS"
     for f in tokenizer.json data.json train.bin train_stdlib.bin heldout.bin target.pt; do ln -sf "$W/$f" "$WS/$f"; done
@@ -48,7 +49,7 @@ if [ "${DRAFT_ONLY:-0}" = 1 ]; then
     pids+=("$!")
   done
   i=0
-  for S in ${SHAPES:-${SHAPE:-4x128 3x128x768 4x192}}; do      # every shape's log comes back; a failed one says so
+  for S in $SHAPES; do      # every shape's log comes back; a failed one says so
     status=ok; wait "${pids[$i]}" || status=FAILED
     i=$((i + 1))
     { echo "== $S: $status"; tail -n 12 "$W/drafts/$S/train.log"; } >> "$OUT/log.txt"

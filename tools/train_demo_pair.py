@@ -150,12 +150,11 @@ def draft_shape(shape: str) -> dict:
     less than 4x128."""
     try:
         dims = [int(v) for v in shape.lower().split("x")]
-        layers, hidden = dims[:2]
-        mlp = dims[2] if len(dims) == 3 else 3 * hidden
         if len(dims) not in (2, 3):
             raise ValueError(shape)
     except ValueError:
         raise SystemExit(f"--shape takes LAYERSxHIDDEN[xMLP], e.g. 4x192 or 3x128x768; got {shape!r}") from None
+    layers, hidden, mlp = dims if len(dims) == 3 else (*dims, 3 * dims[1])
     if layers < 1 or hidden < 64 or hidden % 64 or mlp < 1:
         raise SystemExit(f"--shape {shape}: need >= 1 layer, a hidden size that is a multiple of 64 and an MLP >= 1")
     return dict(hidden_size=hidden, intermediate_size=mlp, num_hidden_layers=layers,
