@@ -25,10 +25,15 @@ def pair() -> dict:
 
 
 @pytest.fixture(scope="module")
-def decoder(pair, tmp_path_factory):
+def bundle(pair, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("demo") / "bundle"
+    demo.ensure_bundle(out, pair["target"], pair["draft"], pair["prompts"])
+    return out
+
+
+@pytest.fixture(scope="module")
+def decoder(bundle):
     from specedge.runtime import SpeculativeDecoder
-    bundle = tmp_path_factory.mktemp("demo") / "bundle"
-    demo.ensure_bundle(bundle, pair["target"], pair["draft"], pair["prompts"])
     return SpeculativeDecoder.from_bundle(bundle, threads=1, speculative=True)
 
 
@@ -135,3 +140,14 @@ def test_eval_c_is_the_loops_draft_step_over_the_target_only_step():
     lc = ev.loop_costs(runs)
     assert lc["target_step_ms"] == pytest.approx(1.5) and lc["draft_step_ms"] == pytest.approx(0.14)
     assert lc["c"] == pytest.approx(0.14 / 1.5) and lc["r"] == pytest.approx(3.0 / 1.5)
+
+
+def test_the_demo_pair_certifies_exact(bundle):
+    """spec-check on the shipped pair, as a user would run it (smaller budgets): greedy identity at
+    every k and with lookup, verify/step numerics, and the sampled law of the first two tokens."""
+    from specedge.runtime.check import CheckConfig, certify
+    cert = certify(bundle, CheckConfig(prompts=2, new_tokens=32, samples=600, sampling_prompts=1), threads=1,
+                   log=lambda _: None)
+    assert cert["passed"], cert["checks"]
+    assert cert["checks"]["greedy"]["alpha"] > 0.5                  # a real pair: most drafts are accepted
+    assert cert["checks"]["sampling"]["prompts"][0]["first_tokens_tested_to_the_second"] >= 2
