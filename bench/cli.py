@@ -17,7 +17,7 @@ from pathlib import Path
 from specedge.runtime.costs import speculation_pays
 from specedge.runtime.manifest import read_prompts
 
-from . import ours
+from . import memory, ours
 
 MODES = {"greedy": {"temperature": 0.0}, "sampled": {"temperature": 0.8}}
 PEER_KEYS = {"ortgenai": ("ortgenai_plain", "ortgenai_spec"), "hf": ("hf_plain", "hf_assisted")}
@@ -109,6 +109,18 @@ def table(result: dict) -> str:
                          f"{d['drafts_per_round']:.2f}", f"{d['alpha']:.3f}",
                          f"ngram {d['ngram']} ({d['lookup_round_fraction']:.0%})" if d.get("ngram") else "off"]
                         for m, d in zip(MODES, (r["default"] for r in ours))])
+    mem, fmt = result.get("memory"), lambda v: "n/a" if v is None else f"{v:.1f}"
+    if mem:
+        mem_rows = [["specedge", fmt(mem["target_only_held_mb"]), fmt(mem["speculative_held_mb"]),
+                     fmt(max(mem["target_only_peak_mb"], mem["speculative_peak_mb"]))]]
+        for system, what in (("ortgenai", "plain and speculative models: the target twice"),
+                             ("hf", "fp32 torch")):
+            m = (result.get("peers", {}).get("greedy", {}).get(f"{system}_detail") or {}).get("memory")
+            if m:
+                mem_rows.append([f"{system} ({what})", fmt(m["target_only_held_mb"]), fmt(m["held_mb"]),
+                                 fmt(m["peak_mb"])])
+        rows += [""] + _md(["host memory, MiB above the import floor", "target only, held",
+                            "target + draft, held", "peak"], mem_rows)
     peers = result.get("peers")
     if peers:
         keys = [k for pair in PEER_KEYS.values() for k in pair]
@@ -156,6 +168,9 @@ def main(argv: list[str] | None = None) -> int:
     # what from_bundle's default (speculative="auto") would decide on this machine; this run keeps the draft
     keeps, why = speculation_pays(dec, dec.encode(prompts[0]), max_k=dec.default_k)
     result["guard"] = {"keeps_draft": keeps, "why": why}
+    print("[ours] memory: target-only and speculative, each in a fresh process", file=sys.stderr, flush=True)
+    result["memory"] = memory.measure(args.bundle, prompt=prompts[0], max_new_tokens=args.max_new_tokens,
+                                      threads=args.threads, draft_threads=args.draft_threads)
     for mode, sampling in MODES.items():
         print(f"[ours] {mode}: target-only and K in {ks} over {len(prompts)} prompts x {args.repeats}",
               file=sys.stderr, flush=True)

@@ -29,6 +29,8 @@ from pathlib import Path
 
 from specedge.runtime.manifest import read_prompts
 
+from .memory import held_mb, rss_mb
+
 # What a peer raises when its library, model or config is not up to the job (onnxruntime-genai raises
 # RuntimeError, transformers ValueError/OSError/TypeError, an older library AttributeError).
 PEER_ERRORS = (OSError, RuntimeError, ValueError, KeyError, TypeError, AttributeError, ImportError,
@@ -100,6 +102,7 @@ def run_hf(args, prompts: list[str], res: dict) -> None:
     tf.utils.logging.disable_progress_bar()
     torch.set_num_threads(args.threads)
     res["versions"] = {"torch": torch.__version__, "transformers": tf.__version__}
+    res["memory_floor"] = {"peak": rss_mb(), "held": held_mb()}       # once its libraries are imported
     t0 = time.perf_counter()
     tok = tf.AutoTokenizer.from_pretrained(hf_folder(args.target), local_files_only=True)
 
@@ -142,6 +145,7 @@ def run_hf(args, prompts: list[str], res: dict) -> None:
 
     plain = variant("plain", None)
     plain(0, 0)                                   # warm-ups: first-call allocations and lazy inits
+    res["memory_floor"]["plain_held"] = held_mb()    # the target alone, as our target-only process
     try:                                          # a draft that cannot run still leaves the plain figures
         draft = load(hf_folder(args.draft))
         # AssistedCandidateGenerator reads these from the assistant's own generation_config, not from
@@ -270,6 +274,7 @@ def run_ortgenai(args, prompts: list[str], res: dict) -> None:
     import numpy as np
     import onnxruntime_genai as og
     res["versions"] = {"onnxruntime_genai": og.__version__}
+    res["memory_floor"] = {"peak": rss_mb(), "held": held_mb()}       # once its libraries are imported
     cache = Path(args.cache).expanduser()
     cache.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
@@ -308,6 +313,7 @@ def run_ortgenai(args, prompts: list[str], res: dict) -> None:
 
     plain = variant(plain_model, None)
     plain(0, 0)                                  # warm-up
+    res["memory_floor"]["plain_held"] = held_mb()    # the target alone, as our target-only process
     spec = None
     if args.ortgenai_spec in ("auto", "draft_model"):
         try:
@@ -389,6 +395,11 @@ def main(argv: list[str] | None = None) -> int:
         res["error"] = f"unexpected {one_line(e)}"
     if res["error"]:
         log(f"{args.system}: {res['error']}")
+    floor = res.pop("memory_floor", None)
+    if floor:      # as bench/memory.py measures ours: MiB above the floor
+        above = lambda v: None if v is None or floor["held"] is None else v - floor["held"]
+        res["memory"] = {"peak_mb": rss_mb() - floor["peak"], "held_mb": above(held_mb()),
+                         "target_only_held_mb": above(floor.get("plain_held"))}
     args.json.parent.mkdir(parents=True, exist_ok=True)
     tmp = args.json.with_name(args.json.name + ".tmp")
     tmp.write_text(json.dumps(res, indent=1, default=str))

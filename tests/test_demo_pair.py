@@ -151,3 +151,16 @@ def test_the_demo_pair_certifies_exact(bundle):
     assert cert["passed"], cert["checks"]
     assert cert["checks"]["greedy"]["alpha"] > 0.5                  # a real pair: most drafts are accepted
     assert cert["checks"]["sampling"]["prompts"][0]["first_tokens_tested_to_the_second"] >= 2
+
+
+def test_memory_figures_see_the_weights(bundle):
+    """spec-bench's memory probe: the target's weights are resident in a target-only process, and the
+    speculative process holds more (the draft's graph and cache). This pytest process holds hundreds of
+    MB: a child's peak must not inherit its parent's (ru_maxrss would)."""
+    from specedge.bench.memory import measure
+    mem = measure(bundle, prompt="def f(x):", max_new_tokens=8)
+    weights = sum(f.stat().st_size for f in (bundle / "target").glob("model.onnx*")) / 2 ** 20
+    assert mem["target_only_held_mb"] > 0.9 * weights
+    assert mem["target_only_peak_mb"] >= mem["target_only_held_mb"] - 1
+    assert mem["target_only_peak_mb"] < 4 * weights
+    assert mem["speculative_held_mb"] > mem["target_only_held_mb"]
