@@ -5,6 +5,7 @@ same pair, prompts and token budget, each in its own subprocess (this process ne
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import platform
@@ -15,6 +16,7 @@ import time
 from pathlib import Path
 
 from specedge.runtime.costs import speculation_pays
+from specedge.runtime.files import write_atomic
 from specedge.runtime.manifest import read_prompts
 
 from . import memory, ours
@@ -85,7 +87,9 @@ def plot(result: dict, path: Path) -> None:
         ax.legend(fontsize=7)
     axes[0].set_ylabel("tokens/s (batch 1)")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    write_atomic(path, buf.getvalue())
 
 
 def _md(columns: list[str], rows: list[list[str]]) -> list[str]:
@@ -196,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         result["peers"].update({k: v for k, v in result["peers"]["greedy"].items() if not k.endswith("_detail")})
     result["seconds"] = time.perf_counter() - t_start
     args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(result, indent=1, default=str))
+    write_atomic(args.json, json.dumps(result, indent=1, default=str))
     png = args.plot or args.json.with_suffix(".png")
     try:
         plot(result, png)

@@ -27,6 +27,7 @@ import time
 import traceback
 from pathlib import Path
 
+from specedge.runtime.files import write_atomic
 from specedge.runtime.manifest import read_prompts
 
 from .memory import held_mb, rss_mb
@@ -401,9 +402,7 @@ def main(argv: list[str] | None = None) -> int:
         res["memory"] = {"peak_mb": rss_mb() - floor["peak"], "held_mb": above(held_mb()),
                          "target_only_held_mb": above(floor.get("plain_held"))}
     args.json.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.json.with_name(args.json.name + ".tmp")
-    tmp.write_text(json.dumps(res, indent=1, default=str))
-    os.replace(tmp, args.json)
+    write_atomic(args.json, json.dumps(res, indent=1, default=str))
     return 0
 
 

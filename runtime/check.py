@@ -22,10 +22,8 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import platform
 import sys
-import tempfile
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass
@@ -36,6 +34,7 @@ import numpy as np
 from specedge.engines.base import EngineError
 
 from .config import ConfigError, SamplingParams
+from .files import write_atomic
 from .gof import MIN_EXPECTED, chi2_fit, accept_law
 from .manifest import BundleError, Manifest, read_prompts
 from .sampling import accept, probs
@@ -348,20 +347,6 @@ def summary(cert: dict) -> str:
     return "\n".join(lines)
 
 
-def write_json(path: Path, obj: dict) -> None:
-    """Write through a temporary file in the same folder, then rename: never a half-written certificate."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(obj, f, indent=2)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def main(argv: list[str] | None = None) -> int:
     d = CheckConfig()
     ap = argparse.ArgumentParser(prog="spec-check", description=__doc__.split("\n\n")[0],
@@ -403,7 +388,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(summary(cert))
     if args.json:
-        write_json(args.json, cert)
+        write_atomic(args.json, json.dumps(cert, indent=2) + "\n")
         print(f"certificate written to {args.json}")
     return 0 if cert["passed"] else 1
 

@@ -134,3 +134,14 @@ def test_config_checks():
         CheckConfig(ks=(0,))
     assert CheckConfig().sampling == SamplingParams(temperature=0.8)
     assert np.isclose(CheckConfig().family_alpha, 1e-3)
+
+
+def test_write_atomic_leaves_whole_files_only(tmp_path):
+    from specedge.runtime.files import write_atomic
+    target = tmp_path / "out.json"
+    write_atomic(target, '{"a": 1}')
+    write_atomic(target, b'{"a": 2}')
+    assert json.loads(target.read_text()) == {"a": 2}
+    with pytest.raises(TypeError):               # a failure midway: the old file stays, no temp file is left
+        write_atomic(target, 3)
+    assert json.loads(target.read_text()) == {"a": 2} and [p.name for p in tmp_path.iterdir()] == ["out.json"]

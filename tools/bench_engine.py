@@ -40,6 +40,8 @@ from pathlib import Path
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 import numpy as np  # noqa: E402
 
+from specedge.runtime.files import write_atomic  # noqa: E402
+
 HERE = Path(__file__).resolve().parent
 CACHE = Path(os.environ.get("SPECEDGE_BENCH_CACHE", Path.home() / ".cache" / "specedge" / "bench-engine"))
 DEMO_TOKENIZER = Path.home() / ".cache" / "specedge" / "demo" / "tokenizer.json"
@@ -426,7 +428,7 @@ def main(argv=None):
                 line += (f" {s['median_ms']:9.3f} {s['ratio']:6.3f} {s['paired_ratio']:6.3f} "
                          f"{100 * s['share_faster']:3.0f}%  ")
             print(line)
-    Path(args.json).write_text(json.dumps(result, indent=1))
+    write_atomic(args.json, json.dumps(result, indent=1))
     print(f"\nwrote {args.json}")
 
 

@@ -17,6 +17,8 @@ import platform  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
+from specedge.runtime.files import write_atomic  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -80,7 +82,7 @@ def main(argv=None) -> None:
             print(f"{mode:8s} {name:20s} {v['tokens_per_second']:7.1f} tok/s  {v['speedup']:.3f}x  "
                   f"lookup rounds {v['lookup_round_fraction']:.0%} (alpha {la})", flush=True)
     args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(result, indent=1))
+    write_atomic(args.json, json.dumps(result, indent=1))
     print(f"wrote {args.json}")
 
 

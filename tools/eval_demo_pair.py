@@ -45,6 +45,8 @@ from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 
+from specedge.runtime.files import write_atomic  # noqa: E402
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from demo_card import ROOT, card, train_module  # noqa: E402  (the card's rendering; this file measures)
 
@@ -451,10 +453,10 @@ def main(argv: list[str] | None = None) -> int:
             ap.error("--windows and --prompts must be >= 1 and --max-new-tokens > 4")
         fig = measure(args)
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(fig, indent=1) + "\n")
+        write_atomic(args.json, json.dumps(fig, indent=1) + "\n")
         log(f"wrote {args.json}")
     args.card.parent.mkdir(parents=True, exist_ok=True)
-    args.card.write_text(card(fig))
+    write_atomic(args.card, card(fig))
     log(f"wrote {args.card}")
     for key, b in fig["bars"].items():
         shown = f"{b['value']:.3f}" if "value" in b else f"{b['target']:.3f} vs {b['draft']:.3f}"
