@@ -56,7 +56,7 @@ def measure(dec, prompts: list[str], *, ks, sampling: dict, max_new_tokens: int,
     variants = ([("plain", None, {"speculative": False, **fixed})] + [(f"k{k}", k, fixed) for k in ks]
                 + [("default", dec.default_k, {})])          # name, k, overrides of the decoder's config
     gen = lambda prompt, k, over, seed: dec.generate(prompt, max_new_tokens=max_new_tokens, seed=seed, k=k or 1,
-                                                     ignore_eos=True, **sampling, **over)
+                                                     ignore_eos=True, prefix_cache=False, **sampling, **over)
     for _, k, over in variants:
         gen(prompts[0], k, over, 0)
     per_rep = {name: [] for name, _, _ in variants}

@@ -163,6 +163,7 @@ class OrtEngine:
             io.bind_ortvalue_output(present, buf)
 
     def reset(self) -> None:
+        self.writes = getattr(self, "writes", 0) + 1
         if self.share_buffer:       # stale positions are never read: the mask's length bounds attention
             self._len = 0
             return
@@ -175,10 +176,12 @@ class OrtEngine:
     def truncate(self, length: int) -> None:
         if not 0 <= length <= self._len:
             raise EngineError(f"cannot truncate a cache of {self._len} tokens to {length}")
+        self.writes += 1
         self._len = length
 
     def run(self, ids: np.ndarray, *, keep: int | None = None) -> np.ndarray:
         ids = np.asarray(ids, dtype=np.int64).reshape(1, -1)         # [1, n]
+        self.writes += 1            # first: a run that fails leaves the cache's content unknown
         past, n = self._len, ids.shape[1]
         keep = n if keep is None else max(1, min(int(keep), n))
         total = past + n

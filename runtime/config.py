@@ -57,6 +57,10 @@ class GenerationConfig:
     seed: int | None = 0              # per request: same seed -> same output
     stop: tuple[str, ...] = ()        # stop strings (never emitted, not even in part)
     prefill_chunk: int = 256          # prompt tokens per prefill call: bounds logits to chunk x vocab
+    # reuse the KV caches of the previous request where its tokens (prompt + output) share a prefix
+    # with this prompt: an editor's next completion, a chat's next turn prefill only what is new.
+    # Benchmarks that time prefill turn it off, so repeats of one prompt pay for their prefill
+    prefix_cache: bool = True
     ignore_eos: bool = False          # benchmarks: always produce max_new_tokens
     sampling: SamplingParams = SamplingParams()
 
@@ -80,6 +84,8 @@ class GenerationConfig:
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)
                                       or self.seed < 0):
             raise ConfigError(f"seed must be an integer >= 0 (or None), got {self.seed!r}")
+        if not isinstance(self.prefix_cache, bool):
+            raise ConfigError(f"prefix_cache must be true or false, got {self.prefix_cache!r}")
         if not (isinstance(self.prefill_chunk, int) and self.prefill_chunk >= 1):
             raise ConfigError(f"prefill_chunk must be an integer >= 1, got {self.prefill_chunk}")
         if isinstance(self.stop, str) or any(not isinstance(s, str) or not s for s in self.stop):

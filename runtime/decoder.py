@@ -23,6 +23,7 @@ class Stats:
     stop string that ends the output (new_tokens counts what was output)."""
     k: int = 0
     prompt_tokens: int = 0
+    reused_tokens: int = 0            # prompt tokens whose target KV came from the previous request
     new_tokens: int = 0
     rounds: int = 0
     drafted: int = 0
@@ -101,6 +102,10 @@ class SpeculativeDecoder:
         self.max_draft_tokens = max_draft_tokens
         self.config = config
         self.draft_note: str | None = None       # why from_bundle dropped the draft model, if it did
+        # role -> (the tokens its KV cache holds, the engine's writes then), recorded when a request
+        # ends: a request that is abandoned or fails leaves no record, and an engine run by other
+        # code since (its writes moved on) is not trusted: the next request prefills from scratch
+        self._held: dict[str, tuple[list[int], int | None]] = {}
 
     @property
     def default_k(self) -> int:
@@ -218,11 +223,18 @@ class SpeculativeDecoder:
                       accepted_hist=[0] * ((cfg.k if speculative else 0) + 1))
         rng = np.random.default_rng(cfg.seed)
         text = TextStream(self.tokenizer, cfg.stop)
+        roles = {"target": self.target, "draft": self.draft}
+        roles = {r: e for r, e in roles.items() if any(e is x for x in engines)}
         t0 = time.perf_counter()
-        for e in engines:       # invariant: caches hold committed tokens only, never the last one
-            e.truncate(0)
-            for s in range(0, len(ids) - 1, cfg.prefill_chunk):
+        for role, e in roles.items():       # invariant: caches hold committed tokens only, never the last one
+            held, writes = self._held.pop(role, (None, None))
+            fresh = cfg.prefix_cache and held and writes is not None and writes == getattr(e, "writes", None)
+            keep = _common_prefix(held, ids, limit=min(e.length, len(ids) - 1)) if fresh else 0
+            e.truncate(keep)
+            for s in range(keep, len(ids) - 1, cfg.prefill_chunk):
                 e.run(np.asarray(ids[s:min(s + cfg.prefill_chunk, len(ids) - 1)]), keep=1)
+            if role == "target":
+                stats.reused_tokens = keep
         stats.seconds_prefill = time.perf_counter() - t0
         tokens, finish = list(ids), None
         eos = () if cfg.ignore_eos else self.eos
@@ -251,6 +263,8 @@ class SpeculativeDecoder:
             if piece:
                 yield piece
         stats.seconds_total = time.perf_counter() - t0
+        for role, e in roles.items():      # each cache holds a prefix of the committed tokens
+            self._held[role] = (tokens[:e.length], getattr(e, "writes", None))
         tail = text.flush()
         if tail:
             yield tail
@@ -322,6 +336,15 @@ class SpeculativeDecoder:
             if reach < cfg.draft_confidence:   # the next drafts would likely be wasted: verify what we have
                 break
         return drafts, q[:len(drafts)]
+
+
+def _common_prefix(a: list[int], b: list[int], *, limit: int) -> int:
+    """Length of the longest common prefix of a and b, at most `limit`."""
+    n = min(len(a), len(b), limit)
+    if n <= 0:
+        return 0
+    diff = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
+    return int(diff[0]) if diff.size else n
 
 
 def _guard_prompt(path: Path, m: Manifest, tokenizer, max_context: int) -> list[int]:

@@ -59,7 +59,7 @@ def main(argv=None) -> None:
                 for name, (dec, over) in (order if (rep + i) % 2 == 0 else order[::-1]):
                     t0 = time.perf_counter()
                     r = dec.generate(prompt, max_new_tokens=args.max_new_tokens, ignore_eos=True,
-                                     temperature=temperature, seed=i, **over)
+                                     temperature=temperature, seed=i, prefix_cache=False, **over)
                     a = agg[name]
                     a["seconds"] += time.perf_counter() - t0
                     a["tokens"] += len(r.token_ids)

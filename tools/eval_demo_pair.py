@@ -161,7 +161,8 @@ def stat_fields(stats) -> dict:
 
 def generation_eval(dec, prompts: list[dict], *, max_new_tokens: int) -> dict:
     # every round drafts K (no early stop): alpha as the quality bars define it, at a fixed K
-    common = dict(max_new_tokens=max_new_tokens, ignore_eos=True, draft_confidence=0.0)
+    # timed end to end, prefill included: every request prefills its whole prompt
+    common = dict(max_new_tokens=max_new_tokens, ignore_eos=True, draft_confidence=0.0, prefix_cache=False)
     warm = prompts[0]["prompt"]
     for spec in (False, True):                 # first calls pay one-time allocation costs
         dec.generate(warm, max_new_tokens=8, k=K, speculative=spec, temperature=0.0, ignore_eos=True,

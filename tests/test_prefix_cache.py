@@ -1,0 +1,73 @@
+"""Prefix reuse across requests: a request prefills only what its prompt does not share with the
+tokens the caches already hold, and its output is the output of a fresh decoder."""
+from __future__ import annotations
+
+import pytest
+
+from specedge.runtime.config import ConfigError, GenerationConfig
+from specedge.runtime.decoder import SpeculativeDecoder
+
+P = [ord(c) for c in "def add(a, b):\n    return a + b\n\ndef mul(a, b):\n"]
+Q = [ord(c) for c in "import os\nprint(os.getcwd())\n"]
+GREEDY = dict(max_new_tokens=12, temperature=0.0, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def decoders(pair_bundles):
+    """One decoder that keeps its caches between requests, one that never does (the reference)."""
+    load = lambda: SpeculativeDecoder.from_bundle(pair_bundles["agree"], threads=1, speculative=True)
+    return load(), load()
+
+
+def fresh(dec, prompt, **kw):
+    return dec.generate(prompt, prefix_cache=False, **kw)
+
+
+def test_requests_reuse_what_they_share_and_match_a_fresh_decoder(decoders):
+    dec, ref = decoders
+    first = dec.generate(P, **GREEDY)
+    out = first.token_ids
+    steps = [  # (prompt, speculative, tokens of KV the target may keep: at most len(prompt) - 1)
+        (P, True, len(P) - 1),                            # the same prompt again
+        (P + out[:5], True, len(P) + 4),                  # the editor's next keystrokes / a chat's next turn
+        (P + out[:5], False, len(P) + 4),                 # target-only: the draft's cache is left alone
+        (P[:-3] + [ord("x")], True, len(P) - 3),          # an edit three tokens back
+        (Q, True, 0),                                     # nothing in common
+        (P[:-3] + [ord("x")], True, 0),                   # the cache now holds Q's tokens
+    ]
+    for i, (prompt, spec, reused) in enumerate(steps):
+        got = dec.generate(prompt, speculative=spec, **GREEDY)
+        want = fresh(ref, prompt, speculative=spec, **GREEDY)
+        assert got.token_ids == want.token_ids, i
+        assert got.stats.reused_tokens == reused and want.stats.reused_tokens == 0, i
+        assert got.stats.prompt_tokens == len(prompt)
+
+
+def test_sampled_repeat_is_the_same_draw(decoders):
+    dec, ref = decoders
+    kw = dict(max_new_tokens=12, temperature=0.9, seed=5, ignore_eos=True)
+    dec.generate(Q, **kw)
+    again = dec.generate(Q, **kw)
+    assert again.stats.reused_tokens == len(Q) - 1
+    assert again.token_ids == fresh(ref, Q, **kw).token_ids
+
+
+def test_abandoned_stream_and_outside_runs_are_not_trusted(decoders):
+    dec, ref = decoders
+    dec.generate(P, **GREEDY)
+    stream = iter(dec.stream(P + [ord(" ")], **GREEDY))
+    next(stream)                                          # abandoned after its first piece
+    assert dec.generate(P, **GREEDY).stats.reused_tokens == 0
+    dec.target.truncate(0)                                # code that runs an engine directly in between
+    dec.target.run(Q[:-1])
+    got = dec.generate(Q, **GREEDY)
+    assert got.stats.reused_tokens == 0
+    assert got.token_ids == fresh(ref, Q, **GREEDY).token_ids
+
+
+def test_prefix_cache_off_and_bad_values(decoders):
+    dec, _ = decoders
+    dec.generate(P, **GREEDY)
+    assert dec.generate(P, prefix_cache=False, **GREEDY).stats.reused_tokens == 0
+    with pytest.raises(ConfigError, match="prefix_cache"):
+        GenerationConfig(prefix_cache="yes")
