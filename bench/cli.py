@@ -114,12 +114,17 @@ def table(result: dict) -> str:
                          f"ngram {d['ngram']} ({d['lookup_round_fraction']:.0%})" if d.get("ngram") else "off"]
                         for m, d in zip(MODES, (r["default"] for r in ours))])
     mem, fmt = result.get("memory"), lambda v: "n/a" if v is None else f"{v:.1f}"
-    if mem:
+    if mem and "error" not in mem:
         mem_rows = [["specedge", fmt(mem["target_only_held_mb"]), fmt(mem["speculative_held_mb"]),
-                     fmt(max(mem["target_only_peak_mb"], mem["speculative_peak_mb"]))]]
-        for system, what in (("ortgenai", "plain and speculative models: the target twice"),
-                             ("hf", "fp32 torch")):
-            m = (result.get("peers", {}).get("greedy", {}).get(f"{system}_detail") or {}).get("memory")
+                     fmt(max((v for v in (mem["target_only_peak_mb"], mem["speculative_peak_mb"]) if v is not None),
+                             default=None))]]
+        for system in PEER_KEYS:
+            detail = result.get("peers", {}).get("greedy", {}).get(f"{system}_detail") or {}
+            m = detail.get("memory")
+            what = {"hf": "fp32 torch" if detail.get("spec_tps") else "fp32 torch; its draft did not run",
+                    "ortgenai": {"draft_model": "plain and speculative models: the target twice",
+                                 "ngram": "plain model only: n-gram mode, no draft"}.get(
+                                     detail.get("ortgenai_spec_mode"), "its speculative mode did not run")}[system]
             if m:
                 mem_rows.append([f"{system} ({what})", fmt(m["target_only_held_mb"]), fmt(m["held_mb"]),
                                  fmt(m["peak_mb"])])
@@ -173,8 +178,12 @@ def main(argv: list[str] | None = None) -> int:
     keeps, why = speculation_pays(dec, dec.encode(prompts[0]), max_k=dec.default_k)
     result["guard"] = {"keeps_draft": keeps, "why": why}
     print("[ours] memory: target-only and speculative, each in a fresh process", file=sys.stderr, flush=True)
-    result["memory"] = memory.measure(args.bundle, prompt=prompts[0], max_new_tokens=args.max_new_tokens,
-                                      threads=args.threads, draft_threads=args.draft_threads)
+    try:
+        result["memory"] = memory.measure(args.bundle, prompt=prompts[0], max_new_tokens=args.max_new_tokens,
+                                          threads=args.threads, draft_threads=args.draft_threads)
+    except (RuntimeError, subprocess.TimeoutExpired, ValueError, OSError) as e:   # the speed figures still count
+        result["memory"] = {"error": str(e)[:300]}
+        print(f"spec-bench: memory probe failed: {e}", file=sys.stderr)
     for mode, sampling in MODES.items():
         print(f"[ours] {mode}: target-only and K in {ks} over {len(prompts)} prompts x {args.repeats}",
               file=sys.stderr, flush=True)

@@ -48,13 +48,11 @@ import numpy, onnxruntime, tokenizers
 from specedge.bench.memory import held_mb, rss_mb
 from specedge.runtime import SpeculativeDecoder
 a = json.loads(sys.argv[1])
-floor, floor_held = rss_mb(), held_mb()
+floor = held_mb()
 dec = SpeculativeDecoder.from_bundle(a["bundle"], threads=a["threads"], draft_threads=a["draft_threads"],
                                      providers=a["providers"], speculative=a["speculative"])
-loaded = rss_mb()
 res = dec.generate(a["prompt"], max_new_tokens=a["max_new_tokens"], temperature=0.0, ignore_eos=True)
-print(json.dumps({"floor_mb": floor, "loaded_mb": loaded, "peak_mb": rss_mb(), "new_tokens": res.stats.new_tokens,
-                  "held_mb": None if floor_held is None else held_mb() - floor_held}))
+print(json.dumps({"floor_mb": floor, "peak_mb": rss_mb(), "held_mb": held_mb(), "new_tokens": res.stats.new_tokens}))
 """
 
 
@@ -72,8 +70,10 @@ def measure(bundle: str | Path, *, prompt: str, max_new_tokens: int, threads: in
     runs = {name: _child(bundle=str(bundle), prompt=prompt, max_new_tokens=max_new_tokens, threads=threads,
                          draft_threads=draft_threads, providers=providers, speculative=spec)
             for name, spec in (("target_only", False), ("speculative", True))}
-    peak = {name: r["peak_mb"] - r["floor_mb"] for name, r in runs.items()}
-    held = {name: r["held_mb"] for name, r in runs.items()}
+    # absolute MiB in the child; above its resting floor here (no /proc: the peak's own floor is unknown)
+    above = lambda r, key: None if r["floor_mb"] is None or r[key] is None else r[key] - r["floor_mb"]
+    peak = {name: above(r, "peak_mb") for name, r in runs.items()}
+    held = {name: above(r, "held_mb") for name, r in runs.items()}
     return {"target_only_peak_mb": peak["target_only"], "speculative_peak_mb": peak["speculative"],
             "target_only_held_mb": held["target_only"], "speculative_held_mb": held["speculative"],
             "draft_extra_held_mb": None if None in held.values() else held["speculative"] - held["target_only"],

@@ -399,7 +399,8 @@ def main(argv: list[str] | None = None) -> int:
     floor = res.pop("memory_floor", None)
     if floor:      # as bench/memory.py measures ours: MiB above the floor
         above = lambda v: None if v is None or floor["held"] is None else v - floor["held"]
-        res["memory"] = {"peak_mb": rss_mb() - floor["peak"], "held_mb": above(held_mb()),
+        res["memory"] = {"peak_mb": rss_mb() - (floor["held"] if floor["held"] is not None else floor["peak"]),
+                         "held_mb": above(held_mb()),
                          "target_only_held_mb": above(floor.get("plain_held"))}
     args.json.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(args.json, json.dumps(res, indent=1, default=str))

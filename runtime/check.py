@@ -66,6 +66,9 @@ class CheckConfig:
         for name in ("samples", "lookup", "seed"):
             if not (isinstance(getattr(self, name), int) and getattr(self, name) >= 0):
                 raise ConfigError(f"{name} must be an integer >= 0 (0 = off), got {getattr(self, name)!r}")
+        if 0 < self.samples < 100:
+            raise ConfigError(f"samples must be 0 (no sampling check) or >= 100: fewer leave the chi-square "
+                              f"one bin and nothing tested, got {self.samples}")
         if self.lookup == 1:
             raise ConfigError("lookup must be 0 (off) or an n-gram length >= 2")
         if any(not (isinstance(k, int) and k >= 1) for k in self.ks):
@@ -94,10 +97,19 @@ def first_divergence(a: list[int], b: list[int]) -> int | None:
     return next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
+def feed(engine, ids: list[int], *, chunk: int = 256) -> np.ndarray:
+    """Append `ids` in calls of at most `chunk` tokens (as the decoder prefills: a graph without
+    logits_to_keep returns every position's logits); a copy of the last position's logits [vocab]."""
+    out = None
+    for s in range(0, len(ids), chunk):
+        out = engine.run(np.asarray(ids[s:s + chunk]), keep=1)
+    return np.array(out[0])
+
+
 def top2_margin(engine, ids: list[int]) -> float:
     """The target's top-1 minus top-2 logit after `ids`, from one prefill (cache left empty)."""
     engine.truncate(0)
-    logits = np.array(engine.run(np.asarray(ids), keep=1)[0])
+    logits = feed(engine, ids)
     engine.truncate(0)
     top = np.partition(logits, -2)[-2:]
     return float(abs(top[1] - top[0]))
@@ -142,7 +154,8 @@ def engine_numerics(engine, ids: list[int], cont: list[int]) -> dict:
     rollback. Copies every result: an in-place engine reuses its logits buffer."""
     block = [ids[-1]] + cont
     engine.truncate(0)
-    engine.run(np.asarray(ids[:-1]), keep=1)
+    if len(ids) > 1:
+        feed(engine, ids[:-1])
     n = engine.length
     verify = np.array(engine.run(np.asarray(block)), dtype=np.float64)              # [k+1, vocab]
     engine.truncate(n)
@@ -167,8 +180,10 @@ def check_numerics(dec, ids: list[int], *, k: int) -> dict:
 
 
 # -- sampling -------------------------------------------------------------------------------------
-def _law_row(engine, feed: list[int], params: SamplingParams) -> np.ndarray:
-    p = probs(np.array(engine.run(np.asarray(feed), keep=1)), params)[0].astype(np.float64)
+def _law_row(engine, ids: list[int], params: SamplingParams) -> np.ndarray:
+    # a token at a top_k / top_p cut within ~1e-5 of a logit is the one way a correct loop can show an
+    # "impossible" outcome: its verify logits differ from these by that much (none at the defaults)
+    p = probs(feed(engine, ids)[None], params)[0].astype(np.float64)
     return p / p.sum()                                                               # [vocab]
 
 
@@ -212,7 +227,7 @@ def check_sampling(dec, ids: list[int], *, params: SamplingParams, samples: int,
     seen, hist = sample_two_tokens(dec, ids, params=params, samples=samples, tested=tested, seed=seed)
     fit = chi2_fit(law, seen)
     return {"passed": fit.passes(threshold), "samples": samples, "prompt_tokens": len(ids),
-            "k": min(2, dec.max_draft_tokens), "first_tokens_tested_to_the_second": len(tested), "chi2": fit.stat,
+            "draft_model": dec.draft is not None, "k": min(2, dec.max_draft_tokens), "first_tokens_tested_to_the_second": len(tested), "chi2": fit.stat,
             "df": fit.df, "p_value": fit.p_value, "threshold": threshold,
             "impossible_outcomes": {str(c): m for c, m in fit.impossible.items()},
             "first_rounds_by_drafts_accepted": hist.tolist()}
@@ -278,17 +293,24 @@ def certify(bundle: str | Path, cfg: CheckConfig = CheckConfig(), *, providers: 
     if ks[-1] > dec.max_draft_tokens:
         raise ConfigError(f"k={ks[-1]} exceeds the bundle's max draft tokens ({dec.max_draft_tokens}); "
                           f"check k <= {dec.max_draft_tokens} or re-export with --max-draft-tokens {ks[-1]}")
+    room = cfg.new_tokens + ks[-1] + 2
+    if room >= dec.max_context:
+        raise ConfigError(f"--new-tokens {cfg.new_tokens} plus a {ks[-1] + 1}-token verify leave no room for a "
+                          f"prompt in the bundle's max context ({dec.max_context}); use fewer new tokens")
     if prompts is None:
         prompts = read_prompts(bundle / m.prompts) if m.prompts else []
     if not prompts:
         raise ConfigError(f"bundle {bundle} ships no prompts: give some with --prompts-file FILE "
                           f"(JSONL, one {{\"prompt\": ...}} a line)")
-    greedy_ids = check_prompts(dec, prompts, n=cfg.prompts, room=cfg.new_tokens + ks[-1] + 2)
+    greedy_ids = check_prompts(dec, prompts, n=cfg.prompts, room=room)
     if not greedy_ids:
         raise ConfigError("the prompts encode to no tokens; give non-empty prompts")
     alpha_each = cfg.family_alpha / (cfg.sampling_prompts * (cfg.samples > 0) + 2)
     checks = {}
     modes = greedy_modes(dec, ks, cfg.lookup)
+    if not modes:
+        raise ConfigError(f"bundle {bundle} has no draft model and --lookup is 0: there is no speculative path "
+                          f"to check; give --lookup 3 to check prompt lookup")
     log(f"numerics: a {ks[-1] + 1}-token call against one-token calls and a rollback")
     checks["numerics"] = check_numerics(dec, greedy_ids[0], k=ks[-1])
     log(f"greedy: {len(greedy_ids)} prompts x {len(modes)} modes ({', '.join(modes)}), {cfg.new_tokens} tokens")
@@ -335,7 +357,8 @@ def summary(cert: dict) -> str:
                  + ("; argmax equal" if n["passed"] else "; the target's argmax CHANGED"))
     if "sampling" in c:
         runs = c["sampling"]["prompts"]
-        lines.append(f"sampling  {mark(c['sampling']['passed'])}  {len(runs)} prompts x {runs[0]['samples']} requests, "
+        who = "" if runs[0]["draft_model"] else " (no draft model: the target's own sampling through the loop)"
+        lines.append(f"sampling  {mark(c['sampling']['passed'])}  {len(runs)} prompts x {runs[0]['samples']} requests{who}, "
                      f"first two tokens vs the target's law: chi-square p = "
                      + ", ".join(f"{r['p_value']:.3g}" for r in runs) + f" (fails below {runs[0]['threshold']:.2g})"
                      + "".join(f"; {len(r['impossible_outcomes'])} impossible outcomes seen" for r in runs

@@ -54,12 +54,16 @@ class GenerationConfig:
     # It also drafts for a bundle without a draft model
     ngram: int = 0
     ngram_min: int = 2
-    seed: int | None = 0              # per request: same seed -> same output
+    seed: int | None = 0              # per request: same seed -> same output (prefix_cache: see there)
     stop: tuple[str, ...] = ()        # stop strings (never emitted, not even in part)
     prefill_chunk: int = 256          # prompt tokens per prefill call: bounds logits to chunk x vocab
     # reuse the KV caches of the previous request where its tokens (prompt + output) share a prefix
     # with this prompt: an editor's next completion, a chat's next turn prefill only what is new.
-    # Benchmarks that time prefill turn it off, so repeats of one prompt pay for their prefill
+    # The output's law is unchanged; the draws are not bit-for-bit a fresh decoder's once the reused
+    # KV was computed token by token (a previous output) rather than in one prefill: graphs whose
+    # numerics depend on how many tokens a call takes (the demo's int8 draft: up to 0.1 in a logit)
+    # give a slightly different q, so a seed can draw differently. False: every request prefills its
+    # whole prompt (bit-reproducible runs; benchmarks that time prefill)
     prefix_cache: bool = True
     ignore_eos: bool = False          # benchmarks: always produce max_new_tokens
     sampling: SamplingParams = SamplingParams()

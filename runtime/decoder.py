@@ -24,6 +24,7 @@ class Stats:
     k: int = 0
     prompt_tokens: int = 0
     reused_tokens: int = 0            # prompt tokens whose target KV came from the previous request
+    draft_reused_tokens: int = 0      # ... and whose draft KV did (prefix_cache)
     new_tokens: int = 0
     rounds: int = 0
     drafted: int = 0
@@ -106,6 +107,7 @@ class SpeculativeDecoder:
         # ends: a request that is abandoned or fails leaves no record, and an engine run by other
         # code since (its writes moved on) is not trusted: the next request prefills from scratch
         self._held: dict[str, tuple[list[int], int | None]] = {}
+        self._request = 0                        # the request that owns the engines (one at a time)
 
     @property
     def default_k(self) -> int:
@@ -223,6 +225,8 @@ class SpeculativeDecoder:
                       accepted_hist=[0] * ((cfg.k if speculative else 0) + 1))
         rng = np.random.default_rng(cfg.seed)
         text = TextStream(self.tokenizer, cfg.stop)
+        self._request += 1
+        mine = self._request
         roles = {"target": self.target, "draft": self.draft}
         roles = {r: e for r, e in roles.items() if any(e is x for x in engines)}
         t0 = time.perf_counter()
@@ -233,8 +237,7 @@ class SpeculativeDecoder:
             e.truncate(keep)
             for s in range(keep, len(ids) - 1, cfg.prefill_chunk):
                 e.run(np.asarray(ids[s:min(s + cfg.prefill_chunk, len(ids) - 1)]), keep=1)
-            if role == "target":
-                stats.reused_tokens = keep
+            setattr(stats, "reused_tokens" if role == "target" else "draft_reused_tokens", keep)
         stats.seconds_prefill = time.perf_counter() - t0
         tokens, finish = list(ids), None
         eos = () if cfg.ignore_eos else self.eos
@@ -261,7 +264,13 @@ class SpeculativeDecoder:
                 for e in engines:
                     e.truncate(min(e.length, len(tokens) - 1))
             if piece:
+                writes = [getattr(e, "writes", None) for e in engines]
                 yield piece
+                if self._request != mine or writes != [getattr(e, "writes", None) for e in engines]:
+                    # another request (or code running an engine) used the caches while this stream waited
+                    raise ConfigError("the decoder's engines ran another request while this stream was paused; a "
+                                      "decoder serves one request at a time: finish a stream before starting "
+                                      "another, or load a second decoder")
         stats.seconds_total = time.perf_counter() - t0
         for role, e in roles.items():      # each cache holds a prefix of the committed tokens
             self._held[role] = (tokens[:e.length], getattr(e, "writes", None))
@@ -295,7 +304,7 @@ class SpeculativeDecoder:
             p = probs(logits, params, history=tokens, drafts=drafts)       # [k+1, vocab]
             new, n_accepted = accept(drafts, q, p, rng)
         self.target.truncate(n + n_accepted)     # committed prefix; the last new token is not fed yet
-        if self.draft is not None:               # (after lookup rounds it lags: the next draft call catches up)
+        if self.draft is not None and stats.k:   # (after lookup rounds it lags: the next draft call catches up)
             self.draft.truncate(min(self.draft.length, n + n_accepted))
         if k:
             evaluated = n_accepted + (n_accepted < k)    # the drafts the verifier reached

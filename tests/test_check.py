@@ -111,6 +111,8 @@ def test_cli_writes_a_certificate(pair_bundles, tmp_path):
     (["--samples", "-1"], "samples must be an integer >= 0"),
     (["--temperature", "0"], "needs temperature > 0"),
     (["--lookup", "1"], "lookup must be 0"),
+    (["--samples", "50"], "samples must be 0 (no sampling check) or >= 100"),
+    (["--new-tokens", "300"], "leave no room for a prompt"),
     (["--json", "/nonexistent/dir/c.json"], "does not exist"),
 ])
 def test_cli_bad_input(pair_bundles, capsys, argv, needle):
@@ -123,6 +125,23 @@ def test_cli_missing_bundle_and_prompts(tmp_path, pair_bundles, capsys):
     assert "does not exist" in capsys.readouterr().err
     assert main([str(pair_bundles["agree"]), "--samples", "0"]) == 2      # the tiny bundles ship no prompts
     assert "--prompts-file" in capsys.readouterr().err
+
+
+def test_target_only_bundle_checks_lookup_or_refuses(tmp_path, llama_target):
+    """Without a draft model the speculative path is prompt lookup: checked with --lookup, refused
+    without; a one-token prompt is fine for the numerics check (nothing to prefill before it)."""
+    from specedge.export import export_bundle
+    from specedge.runtime.check import check_numerics
+    from specedge.runtime.decoder import SpeculativeDecoder
+    bundle = tmp_path / "alone"
+    export_bundle(target=llama_target, draft=None, out=bundle, k=4, max_context=128, quiet=True)
+    with pytest.raises(ConfigError, match="no draft model and --lookup is 0"):
+        certify(bundle, CheckConfig(**{**SMALL, "lookup": 0}), threads=1, prompts=PROMPTS, log=lambda _: None)
+    cert = certify(bundle, CheckConfig(**SMALL), threads=1, prompts=PROMPTS, log=lambda _: None)
+    assert cert["passed"] and cert["checks"]["greedy"]["modes"] == ["lookup n=3"]
+    assert "no draft model" in summary(cert)
+    dec = SpeculativeDecoder.from_bundle(bundle, threads=1)
+    assert check_numerics(dec, [5], k=2)["target"]["positions"] == 3
 
 
 def test_config_checks():
