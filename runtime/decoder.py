@@ -1,6 +1,7 @@
 """The speculative loop: draft -> verify -> accept -> commit / roll back. Glossary in __init__."""
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -108,6 +109,7 @@ class SpeculativeDecoder:
         # code since (its writes moved on) is not trusted: the next request prefills from scratch
         self._held: dict[str, tuple[list[int], int | None]] = {}
         self._request = 0                        # the request that owns the engines (one at a time)
+        self._lock = threading.Lock()            # generate() calls from several threads take turns
 
     @property
     def default_k(self) -> int:
@@ -180,14 +182,17 @@ class SpeculativeDecoder:
 
     # -- public API ------------------------------------------------------------------------------
     def generate(self, prompt, **overrides) -> Result:
-        """Generate from a prompt (str or token ids). Overrides: any GenerationConfig/SamplingParams field."""
+        """Generate from a prompt (str or token ids). Overrides: any GenerationConfig/SamplingParams field.
+        Thread-safe: concurrent calls take turns (one batch-1 cache pair serves one request at a time)."""
         stream = self.stream(prompt, **overrides)
-        for _ in stream:
-            pass
+        with self._lock:
+            for _ in stream:
+                pass
         return stream.result
 
     def stream(self, prompt, **overrides) -> Stream:
-        """Like generate(), but iterate for text pieces as soon as they are committed."""
+        """Like generate(), but iterate for text pieces as soon as they are committed. A stream holds no
+        lock while paused: consume it before another request starts (resuming after one raises)."""
         cfg = self.config.updated(**overrides)
         if cfg.k is None:
             cfg = replace(cfg, k=self.default_k)

@@ -87,3 +87,25 @@ def test_prefix_cache_off_and_bad_values(decoders):
     assert dec.generate(P, prefix_cache=False, **GREEDY).stats.reused_tokens == 0
     with pytest.raises(ConfigError, match="prefix_cache"):
         GenerationConfig(prefix_cache="yes")
+
+
+def test_generate_from_several_threads_takes_turns(decoders):
+    """Threads sharing one decoder get the outputs they would get alone (and reuse stays correct)."""
+    import threading
+    dec, ref = decoders
+    prompts = [P, Q, P + [ord("#")], Q + Q, P[:20]] * 2
+    want = [fresh(ref, p, **GREEDY).token_ids for p in prompts]
+    got, errors = [None] * len(prompts), []
+
+    def work(idx):
+        try:
+            for i in idx:
+                got[i] = dec.generate(prompts[i], **GREEDY).token_ids
+        except Exception as e:  # noqa: BLE001 -- reported by the assertion below
+            errors.append(e)
+    threads = [threading.Thread(target=work, args=(range(j, len(prompts), 3),)) for j in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and got == want
