@@ -9,6 +9,7 @@ import hashlib
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -110,6 +111,21 @@ def main(argv: list[str]) -> int:
     print(f"speculative {s.tokens_per_second:.0f} tokens/s   target-only {p.tokens_per_second:.0f} tokens/s   "
           f"speedup {s.tokens_per_second / p.tokens_per_second:.2f}x  (same prompt, {s.new_tokens} tokens)")
     print(f"identical to target-only greedy output: {spec.token_ids == plain.token_ids}")
+    follow = prompt + spec.text + "\n"     # the next request of an editor or a chat: the old text and more
+    ttft = {}
+    for reuse in (False, True):           # without reuse first: with it, the caches must hold the last request
+        if reuse:
+            dec.generate(prompt, **settings)
+        t0 = time.perf_counter()
+        stream = dec.stream(follow, max_new_tokens=8, temperature=0.0, prefix_cache=reuse)
+        pieces = iter(stream)
+        next(pieces, None)
+        ttft[reuse] = 1e3 * (time.perf_counter() - t0)
+        for _ in pieces:
+            pass
+    print(f"a follow-up request (this prompt + completion + a newline, {stream.result.stats.prompt_tokens} tokens) "
+          f"reused {stream.result.stats.reused_tokens} tokens of KV: first token after {ttft[True]:.1f} ms "
+          f"instead of {ttft[False]:.1f} ms")
     cores = os.cpu_count() or 1
     if cores > 1:   # the figures above are per core; with every core the target alone decodes faster
         wide = SpeculativeDecoder.from_bundle(bundle, speculative=True)   # target on all cores, draft on one
