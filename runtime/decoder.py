@@ -209,6 +209,12 @@ class SpeculativeDecoder:
                 raise ConfigError("the prompt is empty; give at least one character")
             ids = self.tokenizer.encode(prompt).ids
         else:
+            ok = isinstance(prompt, (list, tuple, np.ndarray)) and all(
+                isinstance(t, (int, np.integer)) and not isinstance(t, (bool, np.bool_)) for t in prompt)
+            if not ok:
+                raise ConfigError(f"the prompt must be text (str) or a list of token ids (ints), got "
+                                  f"{type(prompt).__name__}" + (f" of {type(prompt[0]).__name__}" if isinstance(
+                                      prompt, (list, tuple)) and prompt else ""))
             ids = [int(t) for t in prompt]
             if any(not 0 <= t < self.vocab_size for t in ids):
                 raise ConfigError(f"prompt token ids must be in [0, {self.vocab_size})")

@@ -181,6 +181,12 @@ def test_bad_generation_inputs(decoders):
         dec.generate("")
     with pytest.raises(ConfigError, match="max context is 256"):
         dec.generate([1] * 300)
+    for bad in (None, 7, b"def", ["a"], [1.5], [True], np.array([1.0])):     # not text, not token ids
+        with pytest.raises(ConfigError, match="must be text \\(str\\) or a list of token ids"):
+            dec.generate(bad)
+    with pytest.raises(ConfigError, match="must be in \\[0, 320\\)"):
+        dec.generate([5, 320])
+    assert dec.generate(np.array([5, 6]), max_new_tokens=2).token_ids == dec.generate((5, 6), max_new_tokens=2).token_ids
 
 
 def _bundle_copy(src, dst, edit=None):
