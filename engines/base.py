@@ -1,7 +1,7 @@
 """The narrow engine interface: one exported graph that owns its KV cache.
 
-The runtime only ever calls these three members (and reads `writes`), so an ONNX Runtime session, a TensorRT plan or
-a test double are interchangeable.
+The runtime only ever calls these three members (and reads `writes`), so an ONNX Runtime session,
+a TensorRT plan or a test double are interchangeable.
 """
 from __future__ import annotations
 
