@@ -18,6 +18,7 @@ _NP_DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
 _ONNX_ELEM = {np.float32: 1, np.float16: 10}
 _DEVICE_PROVIDERS = {"CUDAExecutionProvider": "cuda", "TensorrtExecutionProvider": "cuda"}
 MAX_SHARED_CONTEXT = 1 << 20    # an in-place cache is allocated whole: refuse an unbounded max_context
+MAX_BOUND_ROWS = 16             # logits of up to this many rows come back in buffers bound once (in place)
 
 
 def import_onnxruntime():
@@ -137,11 +138,11 @@ class OrtEngine:
         if self.io_binding and not self.share_buffer:
             self._slicer = _PrefixSlicer(ort, self.device, len(self.past_names),
                                          self.num_kv_heads, self.head_dim, self.dtype, threads)
-        lt = self.session.get_outputs()[outputs.index("logits")]     # in place: one-row logits buffer
-        self._row, self._row_bound = None, False
-        if self.share_buffer and isinstance(lt.shape[-1], int) and lt.type == "tensor(float)":
-            buf = np.empty((1, 1, lt.shape[-1]), dtype=np.float32)
-            self._row = (buf, ort.OrtValue.ortvalue_from_numpy(buf))
+        lt = self.session.get_outputs()[outputs.index("logits")]     # in place: logits into host buffers
+        self._rows: dict[int, tuple] = {}                # rows -> (buffer [1, rows, vocab], its OrtValue)
+        self._bound_rows = 0                             # the row count whose buffer is bound now (0: none)
+        self._logits_width = (lt.shape[-1] if self.share_buffer and isinstance(lt.shape[-1], int)
+                              and lt.type == "tensor(float)" else None)
         if self.share_buffer:
             self._bind_shared_cache()
         self._scratch = [np.empty(0, dtype=self.dtype)] * len(self.past_names)   # see _kept_prefix
@@ -234,21 +235,26 @@ class OrtEngine:
         return io
 
     def _run_in_place(self, ids, mask, extra: dict, total: int, rows: int) -> np.ndarray:
-        """A one-row result (draft and decode steps) comes back in a host buffer bound once, so no
-        output is re-bound or wrapped per run (get_outputs() wraps all 2L+1): 9 us of a 0.14 ms draft
-        step on the demo pair. The caller gets a copy: a result must outlive the next run."""
+        """Results of up to MAX_BOUND_ROWS rows (draft and decode steps, verifies) come back in host
+        buffers made once per row count, so no output is wrapped per run (get_outputs() wraps all
+        2L+1): 9 us of a 0.14 ms draft step, and 20-40 us of a demo target's verify. A buffer is
+        re-bound only when the row count changes. The caller gets a copy: a result must outlive the
+        next run. Longer results (a prefill without logits_to_keep) are allocated per run."""
         io = self._bind_new_inputs(ids, mask, extra)
-        one = rows == 1 and self._row is not None
-        if one and not self._row_bound:
-            io.bind_ortvalue_output("logits", self._row[1])
-        elif not one:                        # a verify or a prefill: rows vary, allocated per run
+        buf = self._rows.get(rows)
+        if buf is None and self._logits_width and rows <= MAX_BOUND_ROWS:
+            host = np.empty((1, rows, self._logits_width), dtype=np.float32)
+            buf = self._rows[rows] = (host, self._ort.OrtValue.ortvalue_from_numpy(host))
+        if buf is not None and self._bound_rows != rows:
+            io.bind_ortvalue_output("logits", buf[1])
+        elif buf is None:
             io.bind_output("logits", "cpu")
-        self._row_bound = one
+        self._bound_rows = rows if buf is not None else 0
         try:
             self.session.run_with_iobinding(io)
         except Exception as e:  # onnxruntime's own classes
             raise self._failed(e, total) from e
-        return self._row[0].copy() if one else io.get_outputs()[0].numpy()
+        return buf[0].copy() if buf is not None else io.get_outputs()[0].numpy()
 
     def _kept_prefix(self, cache: list, past: int) -> list:
         """The first `past` positions of each cache tensor, copied into buffers reused across calls.
