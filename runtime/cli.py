@@ -1,4 +1,8 @@
-"""spec-run BUNDLE "prompt": speculative decoding on an exported bundle, streamed to the terminal."""
+"""spec-run BUNDLE "prompt": speculative decoding on an exported bundle, streamed to the terminal.
+
+spec-run BUNDLE --jsonl: a request per standard-input line, a JSON result per standard-output line, the
+bundle loaded once and each request reusing the KV of what it shares with the last (prefix_cache): an
+editor or a script can keep one process and pipe completions through it."""
 from __future__ import annotations
 
 import argparse
@@ -21,7 +25,7 @@ _FIELDS = {"max_new_tokens": "max_new_tokens", "temperature": "temperature", "to
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="spec-run", description=__doc__)
     ap.add_argument("bundle", help="bundle folder written by spec-export")
-    ap.add_argument("prompt", help="prompt text ('-' reads standard input)")
+    ap.add_argument("prompt", nargs="?", help="prompt text ('-' reads standard input); not with --jsonl")
     ap.add_argument("--config", help="TOML file of generation settings (flags override it)")
     ap.add_argument("--max-new-tokens", type=int, help=f"default {_G.max_new_tokens}")
     ap.add_argument("--temperature", type=float, help=f"0 = greedy (default: the model's, else {_S.temperature})")
@@ -46,6 +50,11 @@ def build_parser() -> argparse.ArgumentParser:
                          "target-only decoding on this machine (it then says so on stderr)")
     ap.add_argument("--stream", action="store_true", help="print text as it is committed")
     ap.add_argument("--json", action="store_true", help="print one JSON object (text, ids, stats)")
+    ap.add_argument("--jsonl", action="store_true",
+                    help="serve requests from standard input, one JSON object a line: \"prompt\" (text or token "
+                         "ids), optional \"id\" (echoed) and any generation setting (max_new_tokens, temperature, "
+                         "stop, seed, ...; the flags give their defaults); one JSON result a line on standard "
+                         "output, {\"id\", \"error\"} for a bad line")
     ap.add_argument("--providers", default="cpu", help="comma list: cpu, cuda, tensorrt (default cpu)")
     ap.add_argument("--threads", type=int, default=0, help="the target's ONNX Runtime intra-op threads (0 = all cores)")
     ap.add_argument("--draft-threads", type=int, default=1,
@@ -73,8 +82,44 @@ def stats_line(stats) -> str:
     return line + "]"
 
 
+def serve_jsonl(dec, lines, out) -> int:
+    """One request per line of `lines` (JSON), one JSON result per line to `out`; returns the number of
+    lines answered with an error. A bad line is answered, never fatal."""
+    errors = 0
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        rid = None
+        try:
+            try:
+                req = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ConfigError(f"not JSON ({e})") from None
+            if not isinstance(req, dict) or "prompt" not in req:
+                raise ConfigError('each line must be a JSON object with a "prompt"')
+            rid = req.pop("id", None)
+            prompt = req.pop("prompt")
+            if "stop" in req and isinstance(req["stop"], str):
+                req["stop"] = (req["stop"],)
+            res = dec.generate(prompt, **req)
+            reply = {"text": res.text, "token_ids": res.token_ids, "finish_reason": res.finish_reason,
+                     "stats": res.stats.to_dict()}
+        except (ConfigError, TypeError) as e:
+            errors += 1
+            reply = {"error": f"line {n}: {e}"}
+        if rid is not None:
+            reply = {"id": rid, **reply}
+        out.write(json.dumps(reply) + "\n")
+        out.flush()
+    return errors
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.jsonl == (args.prompt is not None):
+        print("spec-run: error: give a prompt, or --jsonl to read requests from standard input (not both)",
+              file=sys.stderr)
+        return 2
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     try:
         cfg = config_from_args(args, model_defaults(Manifest.load(args.bundle).generation))
@@ -85,6 +130,9 @@ def main(argv: list[str] | None = None) -> int:
                                              speculative=mode, config=cfg)
         if dec.draft_note:
             print(f"spec-run: {dec.draft_note}", file=sys.stderr)
+        if args.jsonl:
+            serve_jsonl(dec, sys.stdin, sys.stdout)
+            return 0
         stream = dec.stream(prompt)
         for piece in stream:
             if args.stream and not args.json:

@@ -220,6 +220,32 @@ def test_bad_bundles(pair_bundles, tmp_path):
         SpeculativeDecoder.from_bundle(b)
 
 
+def test_cli_jsonl_serves_a_request_per_line(pair_bundles, decoders, monkeypatch, capsys):
+    """--jsonl: one process, a result per line in order, ids echoed, bad lines answered (never fatal),
+    and a request that extends the previous one reuses its KV."""
+    import io
+    from specedge.runtime.cli import serve_jsonl
+    dec = decoders["agree"]
+    base = "def add(a, b):\n"
+    lines = [json.dumps({"id": "a", "prompt": base, "max_new_tokens": 8, "temperature": 0}), "",
+             "{not json", json.dumps({"id": 3, "prompt": base + "    return", "max_new_tokens": 8, "stop": "\n"}),
+             json.dumps({"prompt": "x", "bogus": 1}), json.dumps(["no", "object"]), json.dumps({"prompt": [5, 6, 7]})]
+    out = io.StringIO()
+    assert serve_jsonl(dec, lines, out) == 3
+    replies = [json.loads(r) for r in out.getvalue().splitlines()]
+    assert len(replies) == 6 and replies[0]["id"] == "a" and replies[2]["id"] == 3
+    assert replies[0]["token_ids"] == dec.generate(base, max_new_tokens=8, temperature=0, prefix_cache=False).token_ids
+    assert replies[2]["stats"]["reused_tokens"] > 0 and "\n" not in replies[2]["text"]
+    assert "line 3: not JSON" in replies[1]["error"] and "unknown generation parameters" in replies[3]["error"]
+    assert 'with a "prompt"' in replies[4]["error"] and len(replies[5]["token_ids"]) > 0
+    monkeypatch.setattr("sys.stdin", io.StringIO(lines[0] + "\n"))
+    assert run_main([str(pair_bundles["agree"]), "--jsonl", "--threads", "1"]) == 0
+    assert json.loads(capsys.readouterr().out.splitlines()[-1])["id"] == "a"
+    for argv in ([], ["x", "--jsonl"]):              # a prompt, or --jsonl: exactly one of them
+        assert run_main([str(pair_bundles["agree"])] + argv) == 2
+        assert "--jsonl" in capsys.readouterr().err
+
+
 def test_cli_json_and_errors(pair_bundles, capsys):
     assert run_main([str(pair_bundles["agree"]), "def f(x):", "--max-new-tokens", "12", "--json", "--k", "3",
                      "--force-draft"]) == 0
