@@ -21,6 +21,24 @@ MAX_SHARED_CONTEXT = 1 << 20    # an in-place cache is allocated whole: refuse a
 MAX_BOUND_ROWS = 16             # logits of up to this many rows come back in buffers bound once (in place)
 
 
+def load_error(path, message: str, version: str) -> str:
+    """What went wrong loading a graph, and the fix. onnxruntime puts the cause at the END of a long
+    message (after a C++ signature), so both ends are kept."""
+    message = " ".join(message.split())
+    brief = message if len(message) <= 400 else f"{message[:150]} ... {message[-250:]}"
+    if "ValidateOpsetForDomain" in message or "opset" in message.lower() and "support" in message.lower():
+        why = (f"the graph's ONNX opset is newer than onnxruntime {version} supports: upgrade onnxruntime, "
+               f"or re-export with spec-export --builder torch --opset 20 (the portable default)")
+    elif "GroupQueryAttention" in message and ("input size" in message or "not in range" in message):
+        why = (f"the graph comes from a newer onnxruntime-genai builder than onnxruntime {version} can run "
+               f"(onnxruntime-genai 0.18's graphs need onnxruntime >= 1.23; 1.20-1.22 refuse them): upgrade "
+               f"onnxruntime, or re-export with spec-export --builder torch")
+    else:
+        why = ("the file is corrupt, not a specedge graph, or needs a newer onnxruntime; re-export the bundle "
+               "with spec-export (--builder torch --opset 20 for older onnxruntime builds)")
+    return f"ONNX Runtime {version} cannot load {path}: {brief} -- {why}"
+
+
 def import_onnxruntime():
     try:
         import onnxruntime
@@ -87,10 +105,7 @@ class OrtEngine:
         try:
             self.session = ort.InferenceSession(str(path), so, providers=resolve_providers(providers))
         except Exception as e:  # onnxruntime raises its own classes (InvalidProtobuf, Fail, ...)
-            raise EngineError(f"ONNX Runtime {ort.__version__} cannot load {path}: {str(e).strip()[:300]} -- "
-                              f"the file is corrupt, not a specedge graph, or of a newer opset than this "
-                              f"onnxruntime supports; re-export the bundle with spec-export (--opset 20 for "
-                              f"older onnxruntime builds)") from e
+            raise EngineError(load_error(path, str(e), ort.__version__)) from e
         inputs = {i.name: i for i in self.session.get_inputs()}
         outputs = [o.name for o in self.session.get_outputs()]
         layers = sorted(int(n.split(".")[1]) for n in inputs if n.startswith("past_key_values.")

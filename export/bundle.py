@@ -14,6 +14,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from specedge.engines.base import EngineError
 from specedge.runtime.manifest import MANIFEST, Manifest, ModelInfo, io_names
 
 from .loader import ExportError, check_source, load_model
@@ -98,9 +99,13 @@ def export_one(src: Path, dst: Path, *, role: str, dtype: str, max_context: int 
         if add_logits_to_keep(dst / "model.onnx") and KEEP not in inputs:
             inputs = [*inputs, KEEP]
     with phase(f"[{role}] parity ONNX Runtime vs PyTorch", quiet):
-        parity = measure(model, dst / "model.onnx", vocab_size=dims["vocab_size"], k=k, prompt_len=PARITY_PROMPT,
-                         num_kv_heads=dims["num_kv_heads"], head_dim=dims["head_dim"],
-                         in_place=builder == "genai", max_context=dims["max_context"])
+        try:
+            parity = measure(model, dst / "model.onnx", vocab_size=dims["vocab_size"], k=k,
+                             prompt_len=PARITY_PROMPT, num_kv_heads=dims["num_kv_heads"],
+                             head_dim=dims["head_dim"], in_place=builder == "genai", max_context=dims["max_context"])
+        except EngineError as e:
+            raise ExportError(f"{role}: the exported graph does not run in ONNX Runtime ({e}); export it with "
+                              f"the other --builder, or report it") from e
     if not quiet:
         for case, d in parity.items():
             print(f"[{role}]   {case:8s} max|diff| {d['max_abs_diff']:.2e}  relative {d['max_rel_diff']:.2e}",
@@ -197,6 +202,11 @@ def export_bundle(*, target: Path, draft: Path | None, out: Path, dtype: str = "
     dims = {role: check_source(src, dtype=_reference_dtype(dtypes[role]), max_context=max_context,
                                allow_pickle=allow_pickle)
             for role, src in sources.items()}
+    for role, d in dims.items():
+        if builder == "genai" and d["head_dim"] % 16:
+            raise ExportError(f"{role}: {sources[role]} has head_dim {d['head_dim']}, and onnxruntime's "
+                              f"GroupQueryAttention (the attention of --builder genai graphs) needs a multiple "
+                              f"of 16; export it with --builder torch")
     context = min(d["max_context"] for d in dims.values())
     if context < PARITY_PROMPT + k + 2:      # the parity check's prompt, a (k+1)-token verify, one more step
         raise ExportError(f"--max-context {context} leaves no room for a {k + 1}-token verify after a prompt; "

@@ -251,6 +251,15 @@ def test_int8_draft_needs_the_genai_builder(tmp_path, llama_target, llama_drafts
     assert not (tmp_path / "b").exists()
 
 
+def test_genai_builder_refuses_a_head_dim_its_attention_cannot_run(tmp_path, llama_target, llama_drafts):
+    """onnxruntime's GroupQueryAttention needs head_dim % 16 == 0 (the 'disagree' draft's is 8): refused
+    before any export, with the fix, instead of an engine traceback from the parity check."""
+    with pytest.raises(ExportError, match="draft: .* has head_dim 8, .* multiple of 16; export it with --builder torch"):
+        export_bundle(target=llama_target, draft=llama_drafts["disagree"], out=tmp_path / "b", builder="genai",
+                      quiet=True)
+    assert not (tmp_path / "b").exists()
+
+
 def test_int4_needs_the_genai_builder(tmp_path, llama_target):
     with pytest.raises(ExportError, match="--builder genai"):
         export_bundle(target=llama_target, draft=None, out=tmp_path / "b", dtype="int4", quiet=True)

@@ -220,6 +220,21 @@ def test_bad_bundles(pair_bundles, tmp_path):
         SpeculativeDecoder.from_bundle(b)
 
 
+def test_load_errors_name_the_cause_and_the_fix():
+    """onnxruntime's load errors end with their cause after a long C++ prefix (texts as onnxruntime
+    1.19.2 and 1.21.1 printed them for the demo bundle): both ends are kept and the fix is named."""
+    from specedge.engines.ort import load_error
+    prefix = "[ONNXRuntimeError] : 1 : FAIL : Load model from m.onnx failed:" + "x" * 400
+    opset = load_error("m.onnx", prefix + " ValidateOpsetForDomain ... Current official support for domain "
+                       "ai.onnx is till opset 21.", "1.19.2")
+    assert "till opset 21" in opset and "newer than onnxruntime 1.19.2 supports" in opset and "--opset 20" in opset
+    gqa = load_error("m.onnx", prefix + ' Error Node(/model/layers.0/attn/GroupQueryAttention) with schema('
+                     'com.microsoft::GroupQueryAttention:1) has input size 12 not in range [min=7, max=9].', "1.21.1")
+    assert "not in range [min=7, max=9]" in gqa and ">= 1.23" in gqa and "--builder torch" in gqa
+    other = load_error("m.onnx", "[ONNXRuntimeError] : 7 : INVALID_PROTOBUF : Protobuf parsing failed.", "1.32.0")
+    assert "Protobuf parsing failed" in other and "corrupt" in other and len(opset) < 1000
+
+
 def test_cli_jsonl_serves_a_request_per_line(pair_bundles, decoders, monkeypatch, capsys):
     """--jsonl: one process, a result per line in order, ids echoed, bad lines answered (never fatal),
     and a request that extends the previous one reuses its KV."""
