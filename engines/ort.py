@@ -21,17 +21,22 @@ MAX_SHARED_CONTEXT = 1 << 20    # an in-place cache is allocated whole: refuse a
 MAX_BOUND_ROWS = 16             # logits of up to this many rows come back in buffers bound once (in place)
 
 
+def _brief(message: str) -> str:
+    """onnxruntime's message on one line, both ends kept: the cause comes last, after a C++ signature."""
+    message = " ".join(message.split())
+    return message if len(message) <= 400 else f"{message[:150]} ... {message[-250:]}"
+
+
 def load_error(path, message: str, version: str) -> str:
     """What went wrong loading a graph, and the fix. onnxruntime puts the cause at the END of a long
     message (after a C++ signature), so both ends are kept."""
-    message = " ".join(message.split())
-    brief = message if len(message) <= 400 else f"{message[:150]} ... {message[-250:]}"
+    brief = _brief(message)
     if "ValidateOpsetForDomain" in message or "opset" in message.lower() and "support" in message.lower():
         why = (f"the graph's ONNX opset is newer than onnxruntime {version} supports: upgrade onnxruntime, "
                f"or re-export with spec-export --builder torch --opset 20 (the portable default)")
     elif "GroupQueryAttention" in message and ("input size" in message or "not in range" in message):
         why = (f"the graph comes from a newer onnxruntime-genai builder than onnxruntime {version} can run "
-               f"(onnxruntime-genai 0.18's graphs need onnxruntime >= 1.23; 1.20-1.22 refuse them): upgrade "
+               f"(onnxruntime-genai 0.18's graphs need onnxruntime >= 1.23): upgrade "
                f"onnxruntime, or re-export with spec-export --builder torch")
     else:
         why = ("the file is corrupt, not a specedge graph, or needs a newer onnxruntime; re-export the bundle "
@@ -236,10 +241,11 @@ class OrtEngine:
         return logits[0, -keep:, :self.vocab_size]                   # [keep, vocab]
 
     def _failed(self, e: Exception, total: int) -> EngineError:
+        message = str(e)
         hint = (" -- the in-place KV cache (share_buffer) needs a graph whose attention is GroupQueryAttention "
-                "(spec-export --builder genai)") if self.share_buffer else ""
+                "(spec-export --builder genai)") if self.share_buffer and "GroupQueryAttention" not in message else ""
         return EngineError(f"ONNX Runtime failed running {self.num_layers}-layer graph at {total} tokens: "
-                           f"{str(e).strip()[:300]}{hint}")
+                           f"{_brief(message)}{hint}")
 
     def _bind_new_inputs(self, ids, mask, extra: dict):
         io = self._io

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from specedge.engines.base import EngineError
@@ -82,18 +83,27 @@ def stats_line(stats) -> str:
     return line + "]"
 
 
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not JSON")
+
+
 def serve_jsonl(dec, lines, out) -> int:
     """One request per line of `lines` (JSON), one JSON result per line to `out`; returns the number of
     lines answered with an error. A bad line is answered, never fatal."""
     errors = 0
     for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
         rid = None
         try:
+            if isinstance(line, bytes):       # standard input as bytes: a bad line is that line's error
+                try:
+                    line = line.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    raise ConfigError(f"not UTF-8 ({e})") from None
+            if not line.strip():
+                continue
             try:
-                req = json.loads(line)
-            except json.JSONDecodeError as e:
+                req = json.loads(line, parse_constant=_no_constant)
+            except (json.JSONDecodeError, ValueError) as e:
                 raise ConfigError(f"not JSON ({e})") from None
             if not isinstance(req, dict) or "prompt" not in req:
                 raise ConfigError('each line must be a JSON object with a "prompt"')
@@ -104,7 +114,7 @@ def serve_jsonl(dec, lines, out) -> int:
             res = dec.generate(prompt, **req)
             reply = {"text": res.text, "token_ids": res.token_ids, "finish_reason": res.finish_reason,
                      "stats": res.stats.to_dict()}
-        except (ConfigError, TypeError) as e:
+        except (ConfigError, TypeError, EngineError) as e:    # this request fails, the next one runs
             errors += 1
             reply = {"error": f"line {n}: {e}"}
         if rid is not None:
@@ -116,9 +126,9 @@ def serve_jsonl(dec, lines, out) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.jsonl == (args.prompt is not None):
-        print("spec-run: error: give a prompt, or --jsonl to read requests from standard input (not both)",
-              file=sys.stderr)
+    if args.jsonl == (args.prompt is not None) or args.jsonl and (args.json or args.stream):
+        print("spec-run: error: give a prompt, or --jsonl to read requests from standard input (not both; "
+              "--jsonl answers in JSON lines, without --json or --stream)", file=sys.stderr)
         return 2
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     try:
@@ -131,7 +141,10 @@ def main(argv: list[str] | None = None) -> int:
         if dec.draft_note:
             print(f"spec-run: {dec.draft_note}", file=sys.stderr)
         if args.jsonl:
-            serve_jsonl(dec, sys.stdin, sys.stdout)
+            try:
+                serve_jsonl(dec, sys.stdin.buffer, sys.stdout)
+            except BrokenPipeError:       # the reader went away: nothing left to answer
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             return 0
         stream = dec.stream(prompt)
         for piece in stream:

@@ -88,8 +88,12 @@ class GenerationConfig:
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)
                                       or self.seed < 0):
             raise ConfigError(f"seed must be an integer >= 0 (or None), got {self.seed!r}")
-        if not isinstance(self.prefix_cache, bool):
-            raise ConfigError(f"prefix_cache must be true or false, got {self.prefix_cache!r}")
+        for name in ("speculative", "prefix_cache", "ignore_eos"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        if not isinstance(self.sampling, SamplingParams):
+            raise ConfigError(f"sampling must be SamplingParams (or give temperature, top_k, top_p and "
+                              f"repetition_penalty flat), got {type(self.sampling).__name__}")
         if not (isinstance(self.prefill_chunk, int) and self.prefill_chunk >= 1):
             raise ConfigError(f"prefill_chunk must be an integer >= 1, got {self.prefill_chunk}")
         if isinstance(self.stop, str) or any(not isinstance(s, str) or not s for s in self.stop):

@@ -93,6 +93,11 @@ class Stream:
         if self.result is None:            # a finished stream iterates as empty, keeping its result
             self.result = yield from self._gen
 
+    def close(self) -> None:
+        """Stop this request (its decoder's other requests may go on). Leaving a `for` loop early, or
+        dropping the stream, does the same."""
+        self._gen.close()
+
 
 class SpeculativeDecoder:
     def __init__(self, *, target, draft, tokenizer, vocab_size: int, eos_token_ids=(), max_context: int,
@@ -109,7 +114,8 @@ class SpeculativeDecoder:
         # code since (its writes moved on) is not trusted: the next request prefills from scratch
         self._held: dict[str, tuple[list[int], int | None]] = {}
         self._request = 0                        # the request that owns the engines (one at a time)
-        self._lock = threading.Lock()            # generate() calls from several threads take turns
+        self._lock = threading.Lock()            # requests from several threads take turns (see _decode)
+        self._owner: int | None = None           # the thread whose request holds it
 
     @property
     def default_k(self) -> int:
@@ -183,16 +189,16 @@ class SpeculativeDecoder:
     # -- public API ------------------------------------------------------------------------------
     def generate(self, prompt, **overrides) -> Result:
         """Generate from a prompt (str or token ids). Overrides: any GenerationConfig/SamplingParams field.
-        Thread-safe: concurrent calls take turns (one batch-1 cache pair serves one request at a time)."""
+        Thread-safe: concurrent requests take turns (one batch-1 cache pair serves one at a time)."""
         stream = self.stream(prompt, **overrides)
-        with self._lock:
-            for _ in stream:
-                pass
+        for _ in stream:
+            pass
         return stream.result
 
     def stream(self, prompt, **overrides) -> Stream:
-        """Like generate(), but iterate for text pieces as soon as they are committed. A stream holds no
-        lock while paused: consume it before another request starts (resuming after one raises)."""
+        """Like generate(), but iterate for text pieces as soon as they are committed. Requests from
+        other threads wait until this one ends: finish, leave the loop, or close() a stream you stop
+        reading. Another request from this thread meanwhile makes this one raise when resumed."""
         cfg = self.config.updated(**overrides)
         if cfg.k is None:
             cfg = replace(cfg, k=self.default_k)
@@ -207,15 +213,12 @@ class SpeculativeDecoder:
         if isinstance(prompt, str):
             if not prompt:
                 raise ConfigError("the prompt is empty; give at least one character")
-            ids = self.tokenizer.encode(prompt).ids
+            try:
+                ids = self.tokenizer.encode(prompt).ids
+            except TypeError as e:       # e.g. a lone surrogate: not text the tokenizer can read
+                raise ConfigError(f"the prompt is not valid text ({e}); give UTF-8 text") from None
         else:
-            ok = isinstance(prompt, (list, tuple, np.ndarray)) and all(
-                isinstance(t, (int, np.integer)) and not isinstance(t, (bool, np.bool_)) for t in prompt)
-            if not ok:
-                raise ConfigError(f"the prompt must be text (str) or a list of token ids (ints), got "
-                                  f"{type(prompt).__name__}" + (f" of {type(prompt[0]).__name__}" if isinstance(
-                                      prompt, (list, tuple)) and prompt else ""))
-            ids = [int(t) for t in prompt]
+            ids = _token_ids(prompt)
             if any(not 0 <= t < self.vocab_size for t in ids):
                 raise ConfigError(f"prompt token ids must be in [0, {self.vocab_size})")
         if not ids:
@@ -228,6 +231,22 @@ class SpeculativeDecoder:
 
     # -- the loop --------------------------------------------------------------------------------
     def _decode(self, ids: list[int], cfg: GenerationConfig):
+        """_rounds as the one request the engines serve: requests from other threads wait until it
+        ends or is closed. The same thread starting another request while this one is paused does not
+        wait (it would wait for itself); this one then raises ConfigError if resumed."""
+        me = threading.get_ident()
+        mine = self._owner != me
+        if mine:
+            self._lock.acquire()
+            self._owner = me
+        try:
+            return (yield from self._rounds(ids, cfg))
+        finally:      # (also when the stream is closed or dropped while paused, from whichever thread)
+            if mine:
+                self._owner = None
+                self._lock.release()
+
+    def _rounds(self, ids: list[int], cfg: GenerationConfig):
         speculative = cfg.speculative and (self.draft is not None or cfg.ngram > 0)
         engines = [self.target] + ([self.draft] if speculative and self.draft is not None else [])
         lookup = (NgramLookup(ids, max_n=cfg.ngram, min_n=cfg.ngram_min, capacity=self.max_context)
@@ -253,7 +272,15 @@ class SpeculativeDecoder:
         tokens, finish = list(ids), None
         eos = () if cfg.ignore_eos else self.eos
         t0 = time.perf_counter()
+        writes_now = lambda: [getattr(e, "writes", None) for e in engines]
+        paused, before = False, None      # whether a piece was handed out since the last round, and the writes then
         while finish is None:
+            if paused and (self._request != mine or writes_now() != before):
+                # another request (or code running an engine) used the caches while this stream waited
+                raise ConfigError("the decoder's engines ran another request while this stream was paused; a "
+                                  "decoder serves one request at a time: finish a stream before starting "
+                                  "another, or load a second decoder")
+            paused = False
             budget = cfg.max_new_tokens - stats.new_tokens
             k = min(stats.k, budget - 1, self.max_context - len(tokens))
             if budget <= 0 or k < 0:
@@ -275,16 +302,13 @@ class SpeculativeDecoder:
                 for e in engines:
                     e.truncate(min(e.length, len(tokens) - 1))
             if piece:
-                writes = [getattr(e, "writes", None) for e in engines]
+                before = writes_now()
                 yield piece
-                if self._request != mine or writes != [getattr(e, "writes", None) for e in engines]:
-                    # another request (or code running an engine) used the caches while this stream waited
-                    raise ConfigError("the decoder's engines ran another request while this stream was paused; a "
-                                      "decoder serves one request at a time: finish a stream before starting "
-                                      "another, or load a second decoder")
+                paused = True
         stats.seconds_total = time.perf_counter() - t0
-        for role, e in roles.items():      # each cache holds a prefix of the committed tokens
-            self._held[role] = (tokens[:e.length], getattr(e, "writes", None))
+        if not (paused and (self._request != mine or writes_now() != before)):   # (a finished stream's output stands)
+            for role, e in roles.items():      # each cache holds a prefix of the committed tokens
+                self._held[role] = (tokens[:e.length], getattr(e, "writes", None))
         tail = text.flush()
         if tail:
             yield tail
@@ -356,6 +380,27 @@ class SpeculativeDecoder:
             if reach < cfg.draft_confidence:   # the next drafts would likely be wasted: verify what we have
                 break
         return drafts, q[:len(drafts)]
+
+
+def _token_ids(prompt) -> list[int]:
+    """A 1-D sequence of integer token ids (list, tuple, range, numpy or torch array) as a list."""
+    bad = None
+    if isinstance(prompt, (list, tuple)):
+        bad = next((t for t in prompt if isinstance(t, (bool, np.bool_)) or not isinstance(t, (int, np.integer))),
+                   None)
+    try:
+        arr = None if isinstance(prompt, (bytes, bytearray, str)) or bad is not None else np.asarray(prompt)
+    except (ValueError, TypeError, OverflowError):
+        arr = None
+    if arr is not None and arr.size == 0 and arr.ndim == 1:
+        return []
+    if arr is None or arr.ndim != 1 or not np.issubdtype(arr.dtype, np.integer):
+        shaped = isinstance(prompt, (list, tuple)) or hasattr(prompt, "shape")
+        what = type(prompt).__name__ + (f" holding {bad!r}" if bad is not None else
+                                        f" of {arr.ndim} dimensions" if shaped and arr is not None and arr.ndim != 1
+                                        else " of ids beyond int64" if shaped and arr is None else "")
+        raise ConfigError(f"the prompt must be text (str) or a 1-D sequence of token ids (ints), got {what}")
+    return [int(t) for t in arr]
 
 
 def _common_prefix(a: list[int], b: list[int], *, limit: int) -> int:

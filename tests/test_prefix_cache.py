@@ -109,3 +109,31 @@ def test_generate_from_several_threads_takes_turns(decoders):
     for t in threads:
         t.join()
     assert not errors and got == want
+
+
+def test_a_stream_and_generate_from_two_threads_both_complete(decoders):
+    """A stream being read in one thread holds the engines: another thread's generate() waits for it
+    (it does not break it), and a stream that is closed early lets the waiting request go at once."""
+    import threading
+    import time
+    dec, ref = decoders
+    want_p, want_q = fresh(ref, P, **GREEDY).token_ids, fresh(ref, Q, **GREEDY).token_ids
+    stream, got = dec.stream(P, **GREEDY), {}
+    pieces = iter(stream)
+    next(pieces)                                          # the stream holds the engines from here
+    worker = threading.Thread(target=lambda: got.setdefault("q", dec.generate(Q, **GREEDY).token_ids))
+    worker.start()
+    time.sleep(0.3)
+    assert worker.is_alive() and "q" not in got           # waiting, not interleaving
+    for _ in pieces:
+        time.sleep(0.01)
+    worker.join(timeout=30)
+    assert stream.result.token_ids == want_p and got["q"] == want_q
+    stream = dec.stream(P, **GREEDY)
+    pieces = iter(stream)                                 # still referenced: only close() ends the request
+    next(pieces)
+    stream.close()                                        # stopped early: the next request need not wait
+    worker = threading.Thread(target=lambda: got.__setitem__("q2", dec.generate(Q, **GREEDY).token_ids))
+    worker.start()
+    worker.join(timeout=30)
+    assert got["q2"] == want_q

@@ -181,12 +181,13 @@ def test_bad_generation_inputs(decoders):
         dec.generate("")
     with pytest.raises(ConfigError, match="max context is 256"):
         dec.generate([1] * 300)
-    for bad in (None, 7, b"def", ["a"], [1.5], [True], np.array([1.0])):     # not text, not token ids
-        with pytest.raises(ConfigError, match="must be text \\(str\\) or a list of token ids"):
-            dec.generate(bad)
+    for bad in (None, 7, b"def", ["a"], [1, "x"], [1.5], [True], np.array([1.0]), np.array(5), [[1, 2]]):
+        with pytest.raises(ConfigError, match="must be text \\(str\\) or a 1-D sequence of token ids"):
+            dec.generate(bad)                             # not text, not token ids
     with pytest.raises(ConfigError, match="must be in \\[0, 320\\)"):
         dec.generate([5, 320])
-    assert dec.generate(np.array([5, 6]), max_new_tokens=2).token_ids == dec.generate((5, 6), max_new_tokens=2).token_ids
+    same = [dec.generate(ids, max_new_tokens=2).token_ids for ids in (np.array([5, 6]), (5, 6), range(5, 7))]
+    assert same[0] == same[1] == same[2]
 
 
 def _bundle_copy(src, dst, edit=None):
@@ -253,10 +254,18 @@ def test_cli_jsonl_serves_a_request_per_line(pair_bundles, decoders, monkeypatch
     assert replies[2]["stats"]["reused_tokens"] > 0 and "\n" not in replies[2]["text"]
     assert "line 3: not JSON" in replies[1]["error"] and "unknown generation parameters" in replies[3]["error"]
     assert 'with a "prompt"' in replies[4]["error"] and len(replies[5]["token_ids"]) > 0
-    monkeypatch.setattr("sys.stdin", io.StringIO(lines[0] + "\n"))
+    raw = [b'\xff\xfe{"prompt": "x"}', b'{"id": NaN, "prompt": "x"}', b'{"prompt": "x", "sampling": {"top_k": 1}}',
+           b'{"prompt": "x", "speculative": "false"}', b'{"prompt": "\\udc80"}', (lines[0] + "\n").encode()]
+    out = io.StringIO()
+    assert serve_jsonl(dec, raw, out) == 5              # each bad line answered, the good one after them too
+    replies = [json.loads(r) for r in out.getvalue().splitlines()]
+    assert ["not UTF-8" in replies[0]["error"], "NaN is not JSON" in replies[1]["error"],
+            "sampling must be SamplingParams" in replies[2]["error"], "speculative must be" in replies[3]["error"],
+            "not valid text" in replies[4]["error"], replies[5]["id"]] == [True] * 5 + ["a"]
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO((lines[0] + "\n").encode())))
     assert run_main([str(pair_bundles["agree"]), "--jsonl", "--threads", "1"]) == 0
     assert json.loads(capsys.readouterr().out.splitlines()[-1])["id"] == "a"
-    for argv in ([], ["x", "--jsonl"]):              # a prompt, or --jsonl: exactly one of them
+    for argv in ([], ["x", "--jsonl"], ["--jsonl", "--json"]):     # a prompt, or --jsonl: exactly one of them
         assert run_main([str(pair_bundles["agree"])] + argv) == 2
         assert "--jsonl" in capsys.readouterr().err
 
