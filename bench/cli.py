@@ -97,6 +97,15 @@ def _md(columns: list[str], rows: list[list[str]]) -> list[str]:
             + ["| " + " | ".join(r) + " |" for r in rows])
 
 
+def _peer_process(system: str, detail: dict) -> str:
+    """What a peer's process held when its memory was read."""
+    if system == "hf":
+        return "fp32 torch" if detail.get("spec_tps") else "fp32 torch; its draft did not run"
+    return {"draft_model": "plain and speculative models: the target twice",
+            "ngram": "plain model only: n-gram mode, no draft"}.get(detail.get("ortgenai_spec_mode"),
+                                                                     "its speculative mode did not run")
+
+
 def table(result: dict) -> str:
     ours = [result[mode] for mode in MODES]
     rows = _md(["mode", "target-only tok/s", "spec tok/s", "best K", "speedup", "alpha", "c", "bound", "efficiency"],
@@ -121,12 +130,8 @@ def table(result: dict) -> str:
         for system in PEER_KEYS:
             detail = result.get("peers", {}).get("greedy", {}).get(f"{system}_detail") or {}
             m = detail.get("memory")
-            what = {"hf": "fp32 torch" if detail.get("spec_tps") else "fp32 torch; its draft did not run",
-                    "ortgenai": {"draft_model": "plain and speculative models: the target twice",
-                                 "ngram": "plain model only: n-gram mode, no draft"}.get(
-                                     detail.get("ortgenai_spec_mode"), "its speculative mode did not run")}[system]
             if m:
-                mem_rows.append([f"{system} ({what})", fmt(m["target_only_held_mb"]), fmt(m["held_mb"]),
+                mem_rows.append([f"{system} ({_peer_process(system, detail)})", fmt(m["target_only_held_mb"]), fmt(m["held_mb"]),
                                  fmt(m["peak_mb"])])
         rows += [""] + _md(["host memory, MiB above the import floor", "target only, held",
                             "target + draft, held", "peak"], mem_rows)

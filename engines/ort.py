@@ -158,14 +158,16 @@ class OrtEngine:
         if self.io_binding and not self.share_buffer:
             self._slicer = _PrefixSlicer(ort, self.device, len(self.past_names),
                                          self.num_kv_heads, self.head_dim, self.dtype, threads)
-        lt = self.session.get_outputs()[outputs.index("logits")]     # in place: logits into host buffers
-        self._rows: dict[int, tuple] = {}                # rows -> (buffer [1, rows, vocab], its OrtValue)
-        self._bound_rows = 0                             # the row count whose buffer is bound now (0: none)
-        self._logits_width = (lt.shape[-1] if self.share_buffer and isinstance(lt.shape[-1], int)
-                              and lt.type == "tensor(float)" else None)
+        lt = self.session.get_outputs()[outputs.index("logits")]     # in place: logits into one host buffer
+        self._logits = None                              # [1, MAX_BOUND_ROWS, vocab]; rows r bind its [:, :r] view
+        if self.share_buffer and isinstance(lt.shape[-1], int) and lt.type == "tensor(float)":
+            self._logits = np.empty((1, MAX_BOUND_ROWS, lt.shape[-1]), dtype=np.float32)
+        self._views: dict[int, object] = {}              # rows -> OrtValue over that view, made once
+        self._bound_rows = 0                             # the row count bound now (0: none)
         if self.share_buffer:
             self._bind_shared_cache()
         self._scratch = [np.empty(0, dtype=self.dtype)] * len(self.past_names)   # see _kept_prefix
+        self.writes = 0
         self.reset()
 
     @property
@@ -184,7 +186,7 @@ class OrtEngine:
             io.bind_ortvalue_output(present, buf)
 
     def reset(self) -> None:
-        self.writes = getattr(self, "writes", 0) + 1
+        self.writes += 1
         if self.share_buffer:       # stale positions are never read: the mask's length bounds attention
             self._len = 0
             return
@@ -256,26 +258,26 @@ class OrtEngine:
         return io
 
     def _run_in_place(self, ids, mask, extra: dict, total: int, rows: int) -> np.ndarray:
-        """Results of up to MAX_BOUND_ROWS rows (draft and decode steps, verifies) come back in host
-        buffers made once per row count, so no output is wrapped per run (get_outputs() wraps all
-        2L+1): 9 us of a 0.14 ms draft step, and 20-40 us of a demo target's verify. A buffer is
-        re-bound only when the row count changes. The caller gets a copy: a result must outlive the
-        next run. Longer results (a prefill without logits_to_keep) are allocated per run."""
+        """Results of up to MAX_BOUND_ROWS rows (draft and decode steps, verifies) come back in one host
+        buffer allocated at load, through an OrtValue per row count over its leading rows, so no output
+        is wrapped per run (get_outputs() wraps all 2L+1): 9 us of a 0.14 ms draft step, 20-40 us of
+        the demo target's verify. It is re-bound only when the row count changes. The caller gets a
+        copy: a result must outlive the next run. Longer results (a prefill without logits_to_keep)
+        are allocated per run."""
         io = self._bind_new_inputs(ids, mask, extra)
-        buf = self._rows.get(rows)
-        if buf is None and self._logits_width and rows <= MAX_BOUND_ROWS:
-            host = np.empty((1, rows, self._logits_width), dtype=np.float32)
-            buf = self._rows[rows] = (host, self._ort.OrtValue.ortvalue_from_numpy(host))
-        if buf is not None and self._bound_rows != rows:
-            io.bind_ortvalue_output("logits", buf[1])
-        elif buf is None:
+        bound = self._logits is not None and rows <= MAX_BOUND_ROWS
+        if bound and self._bound_rows != rows:
+            if rows not in self._views:      # [:, :rows] of a C-ordered [1, R, vocab] array is contiguous
+                self._views[rows] = self._ort.OrtValue.ortvalue_from_numpy(self._logits[:, :rows])
+            io.bind_ortvalue_output("logits", self._views[rows])
+        elif not bound:
             io.bind_output("logits", "cpu")
-        self._bound_rows = rows if buf is not None else 0
+        self._bound_rows = rows if bound else 0
         try:
             self.session.run_with_iobinding(io)
         except Exception as e:  # onnxruntime's own classes
             raise self._failed(e, total) from e
-        return buf[0].copy() if buf is not None else io.get_outputs()[0].numpy()
+        return self._logits[:, :rows].copy() if bound else io.get_outputs()[0].numpy()
 
     def _kept_prefix(self, cache: list, past: int) -> list:
         """The first `past` positions of each cache tensor, copied into buffers reused across calls.

@@ -85,9 +85,10 @@ class CheckConfig:
 
 
 # -- greedy ---------------------------------------------------------------------------------------
-def _greedy(dec, ids, new_tokens, **kw) -> list[int]:
+def _greedy(dec, ids, new_tokens, **kw):
+    """Plain greedy decoding (no penalty, no stop, EOS ignored): the Result."""
     return dec.generate(ids, max_new_tokens=new_tokens, temperature=0.0, top_k=0, top_p=1.0,
-                        repetition_penalty=1.0, ignore_eos=True, stop=(), **kw).token_ids
+                        repetition_penalty=1.0, ignore_eos=True, stop=(), **kw)
 
 
 def first_divergence(a: list[int], b: list[int]) -> int | None:
@@ -130,10 +131,9 @@ def check_greedy(dec, prompts: list[list[int]], *, modes: dict[str, dict], new_t
     tie = max(TIE_FLOOR, TIE_SLACK * noise)
     mismatches, accepted, evaluated = [], 0, 0
     for i, ids in enumerate(prompts):
-        base = _greedy(dec, ids, new_tokens, speculative=False)
+        base = _greedy(dec, ids, new_tokens, speculative=False).token_ids
         for name, kw in modes.items():
-            res = dec.generate(ids, max_new_tokens=new_tokens, temperature=0.0, top_k=0, top_p=1.0,
-                               repetition_penalty=1.0, ignore_eos=True, stop=(), speculative=True, **kw)
+            res = _greedy(dec, ids, new_tokens, speculative=True, **kw)
             accepted, evaluated = accepted + res.stats.accepted, evaluated + res.stats.evaluated
             got = res.token_ids
             at = first_divergence(base, got)
@@ -173,7 +173,7 @@ def engine_numerics(engine, ids: list[int], cont: list[int]) -> dict:
 def check_numerics(dec, ids: list[int], *, k: int) -> dict:
     """The target's argmax must not depend on how a position is batched (greedy identity rests on it);
     the draft's figures are reported only: accept() reads the very q the draft produced."""
-    cont = _greedy(dec, ids, k, speculative=False)
+    cont = _greedy(dec, ids, k, speculative=False).token_ids
     out = {role: engine_numerics(e, ids, cont) for role, e in (("target", dec.target), ("draft", dec.draft))
            if e is not None}
     return {"passed": out["target"]["argmax_equal"], "k": k, **out}

@@ -248,7 +248,8 @@ class SpeculativeDecoder:
 
     def _rounds(self, ids: list[int], cfg: GenerationConfig):
         speculative = cfg.speculative and (self.draft is not None or cfg.ngram > 0)
-        engines = [self.target] + ([self.draft] if speculative and self.draft is not None else [])
+        roles = {"target": self.target} | ({"draft": self.draft} if speculative and self.draft is not None else {})
+        engines = list(roles.values())
         lookup = (NgramLookup(ids, max_n=cfg.ngram, min_n=cfg.ngram_min, capacity=self.max_context)
                   if speculative and cfg.ngram else None)
         stats = Stats(k=cfg.k if speculative else 0, prompt_tokens=len(ids),
@@ -257,8 +258,6 @@ class SpeculativeDecoder:
         text = TextStream(self.tokenizer, cfg.stop)
         self._request += 1
         mine = self._request
-        roles = {"target": self.target, "draft": self.draft}
-        roles = {r: e for r, e in roles.items() if any(e is x for x in engines)}
         t0 = time.perf_counter()
         for role, e in roles.items():       # invariant: caches hold committed tokens only, never the last one
             held, writes = self._held.pop(role, (None, None))
@@ -274,8 +273,9 @@ class SpeculativeDecoder:
         t0 = time.perf_counter()
         writes_now = lambda: [getattr(e, "writes", None) for e in engines]
         paused, before = False, None      # whether a piece was handed out since the last round, and the writes then
+        overtaken = lambda: paused and (self._request != mine or writes_now() != before)
         while finish is None:
-            if paused and (self._request != mine or writes_now() != before):
+            if overtaken():
                 # another request (or code running an engine) used the caches while this stream waited
                 raise ConfigError("the decoder's engines ran another request while this stream was paused; a "
                                   "decoder serves one request at a time: finish a stream before starting "
@@ -306,7 +306,7 @@ class SpeculativeDecoder:
                 yield piece
                 paused = True
         stats.seconds_total = time.perf_counter() - t0
-        if not (paused and (self._request != mine or writes_now() != before)):   # (a finished stream's output stands)
+        if not overtaken():                # (a finished stream's output stands either way)
             for role, e in roles.items():      # each cache holds a prefix of the committed tokens
                 self._held[role] = (tokens[:e.length], getattr(e, "writes", None))
         tail = text.flush()
@@ -384,23 +384,22 @@ class SpeculativeDecoder:
 
 def _token_ids(prompt) -> list[int]:
     """A 1-D sequence of integer token ids (list, tuple, range, numpy or torch array) as a list."""
-    bad = None
-    if isinstance(prompt, (list, tuple)):
-        bad = next((t for t in prompt if isinstance(t, (bool, np.bool_)) or not isinstance(t, (int, np.integer))),
-                   None)
-    try:
-        arr = None if isinstance(prompt, (bytes, bytearray, str)) or bad is not None else np.asarray(prompt)
-    except (ValueError, TypeError, OverflowError):
-        arr = None
-    if arr is not None and arr.size == 0 and arr.ndim == 1:
-        return []
-    if arr is None or arr.ndim != 1 or not np.issubdtype(arr.dtype, np.integer):
-        shaped = isinstance(prompt, (list, tuple)) or hasattr(prompt, "shape")
-        what = type(prompt).__name__ + (f" holding {bad!r}" if bad is not None else
-                                        f" of {arr.ndim} dimensions" if shaped and arr is not None and arr.ndim != 1
-                                        else " of ids beyond int64" if shaped and arr is None else "")
-        raise ConfigError(f"the prompt must be text (str) or a 1-D sequence of token ids (ints), got {what}")
-    return [int(t) for t in arr]
+    listed = isinstance(prompt, (list, tuple))
+    bad = next((t for t in prompt if isinstance(t, (bool, np.bool_)) or not isinstance(t, (int, np.integer))),
+               None) if listed else None
+    arr = None
+    if bad is None and not isinstance(prompt, (str, bytes, bytearray)):
+        try:
+            arr = np.asarray(prompt)
+        except (ValueError, TypeError, OverflowError):
+            pass
+    if arr is not None and arr.ndim == 1 and (arr.size == 0 or np.issubdtype(arr.dtype, np.integer)):
+        return arr.tolist()
+    shaped = listed or hasattr(prompt, "shape")
+    detail = (f" holding {bad!r}" if bad is not None else
+              f" of {arr.ndim} dimensions" if shaped and arr is not None and arr.ndim != 1 else "")
+    raise ConfigError(f"the prompt must be text (str) or a 1-D sequence of token ids (ints), got "
+                      f"{type(prompt).__name__}{detail}")
 
 
 def _common_prefix(a: list[int], b: list[int], *, limit: int) -> int:
