@@ -9,9 +9,7 @@ from typing import Protocol
 
 import numpy as np
 
-
-class EngineError(RuntimeError):
-    """A graph that cannot be loaded or run; the message names the problem and the fix."""
+from specedge.runtime.errors import EngineError
 
 
 class Engine(Protocol):

@@ -8,9 +8,7 @@ from .architectures import REGISTRY, Arch, supported
 
 DTYPES = {"fp32": "float32", "fp16": "float16"}
 
-
-class ExportError(ValueError):
-    """Bad input to the export; the message names the problem and the fix. The CLI exits 2."""
+from specedge.runtime.errors import ExportError
 
 
 def read_config(folder: Path) -> dict:

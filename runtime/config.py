@@ -4,9 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
-
-class ConfigError(ValueError):
-    """A bad generation or sampling parameter; the message names it and the valid range."""
+from .errors import ConfigError
 
 
 @dataclass(frozen=True)

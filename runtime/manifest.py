@@ -28,9 +28,7 @@ FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 DTYPES = ("float32", "float16")
 
-
-class BundleError(ValueError):
-    """A bundle that cannot be used as it is; the message names the problem and the fix."""
+from .errors import BundleError
 
 
 def io_names(num_layers: int) -> tuple[list[str], list[str]]:
