@@ -11,9 +11,11 @@ import numpy as np
 
 from .config import DEFAULT_K, ConfigError, GenerationConfig, model_defaults
 from .costs import speculation_pays
+from .errors import BusyError
 from .manifest import BundleError, Manifest, read_prompts
-from .ngram import NgramLookup
-from .sampling import accept, accept_greedy, confidence, greedy_tokens, probs, sample
+from .prefix import PrefixCache
+from .proposers import DraftModel, PromptLookup, Proposal
+from .sampling import accept, accept_greedy, greedy_tokens, probs
 from .text import TextStream
 
 
@@ -34,13 +36,27 @@ class Stats:
     accepted_hist: list[int] = field(default_factory=list)   # [k+1]: rounds that accepted j drafts
     target_calls: int = 0
     draft_calls: int = 0
-    lookup_rounds: int = 0            # rounds drafted by prompt lookup (ngram) instead of the draft model
-    lookup_accepted: int = 0          # their share of accepted and evaluated
-    lookup_evaluated: int = 0
+    # proposer name -> {"rounds", "accepted", "evaluated"}: which proposer drafted what
+    proposers: dict[str, dict[str, int]] = field(default_factory=dict)
     seconds_prefill: float = 0.0
     seconds_target: float = 0.0
     seconds_draft: float = 0.0
     seconds_total: float = 0.0        # decode phase (after prefill)
+
+    def record_round(self, source: str | None, drafted: int, accepted: int) -> None:
+        self.rounds += 1
+        self.target_calls += 1
+        if not drafted:
+            return
+        evaluated = accepted + (accepted < drafted)       # the drafts the verifier reached
+        self.drafted += drafted
+        self.accepted += accepted
+        self.evaluated += evaluated
+        self.accepted_hist[accepted] += 1
+        mine = self.proposers.setdefault(source, {"rounds": 0, "accepted": 0, "evaluated": 0})
+        mine["rounds"] += 1
+        mine["accepted"] += accepted
+        mine["evaluated"] += evaluated
 
     @property
     def acceptance_rate(self) -> float:
@@ -49,6 +65,21 @@ class Stats:
     @property
     def alpha(self) -> float:
         return self.accepted / self.evaluated if self.evaluated else 0.0
+
+    def _lookup(self, key: str) -> int:
+        return self.proposers.get("lookup", {}).get(key, 0)
+
+    @property
+    def lookup_rounds(self) -> int:       # rounds drafted by prompt lookup instead of the draft model
+        return self._lookup("rounds")
+
+    @property
+    def lookup_accepted(self) -> int:
+        return self._lookup("accepted")
+
+    @property
+    def lookup_evaluated(self) -> int:
+        return self._lookup("evaluated")
 
     @property
     def lookup_alpha(self) -> float:
@@ -68,8 +99,8 @@ class Stats:
 
     def to_dict(self) -> dict:
         d = asdict(self)
-        for name in ("acceptance_rate", "alpha", "lookup_alpha", "tokens_per_target_call", "tokens_per_second",
-                     "seconds_host"):
+        for name in ("acceptance_rate", "alpha", "lookup_rounds", "lookup_accepted", "lookup_evaluated",
+                     "lookup_alpha", "tokens_per_target_call", "tokens_per_second", "seconds_host"):
             d[name] = getattr(self, name)
         return d
 
@@ -94,8 +125,7 @@ class Stream:
             self.result = yield from self._gen
 
     def close(self) -> None:
-        """Stop this request (its decoder's other requests may go on). Leaving a `for` loop early, or
-        dropping the stream, does the same."""
+        """Stop this request and free the decoder for the next one (dropping the stream does the same)."""
         self._gen.close()
 
 
@@ -109,13 +139,18 @@ class SpeculativeDecoder:
         self.max_draft_tokens = max_draft_tokens
         self.config = config
         self.draft_note: str | None = None       # why from_bundle dropped the draft model, if it did
-        # role -> (the tokens its KV cache holds, the engine's writes then), recorded when a request
-        # ends: a request that is abandoned or fails leaves no record, and an engine run by other
-        # code since (its writes moved on) is not trusted: the next request prefills from scratch
-        self._held: dict[str, tuple[list[int], int | None]] = {}
-        self._request = 0                        # the request that owns the engines (one at a time)
-        self._lock = threading.Lock()            # requests from several threads take turns (see _decode)
+        self.prefix = PrefixCache()
+        self._lock = threading.Lock()            # one request at a time; a stream holds it until it ends
         self._owner: int | None = None           # the thread whose request holds it
+
+    @property
+    def proposers(self) -> list:
+        """Who drafts, in the order the loop asks them each round: prompt lookup (free when it finds a
+        match), then the draft model."""
+        found = [PromptLookup(vocab_size=self.vocab_size, capacity=self.max_context)]
+        if self.draft is not None:
+            found.append(DraftModel(self.draft, vocab_size=self.vocab_size, prefix=self.prefix))
+        return found
 
     @property
     def default_k(self) -> int:
@@ -196,9 +231,12 @@ class SpeculativeDecoder:
         return stream.result
 
     def stream(self, prompt, **overrides) -> Stream:
-        """Like generate(), but iterate for text pieces as soon as they are committed. Requests from
-        other threads wait until this one ends: finish, leave the loop, or close() a stream you stop
-        reading. Another request from this thread meanwhile makes this one raise when resumed."""
+        """Like generate(), but iterate for text pieces as soon as they are committed. The request holds
+        the decoder from its first piece until it ends, its loop is left, or close() is called: other
+        threads' requests wait; a request from this thread meanwhile raises BusyError."""
+        if self._owner == threading.get_ident():
+            raise BusyError("this thread's previous stream is still open: a decoder serves one request at a "
+                            "time; read that stream to the end or call its close() first")
         cfg = self.config.updated(**overrides)
         if cfg.k is None:
             cfg = replace(cfg, k=self.default_k)
@@ -231,155 +269,119 @@ class SpeculativeDecoder:
 
     # -- the loop --------------------------------------------------------------------------------
     def _decode(self, ids: list[int], cfg: GenerationConfig):
-        """_rounds as the one request the engines serve: requests from other threads wait until it
-        ends or is closed. The same thread starting another request while this one is paused does not
-        wait (it would wait for itself); this one then raises ConfigError if resumed."""
-        me = threading.get_ident()
-        mine = self._owner != me
-        if mine:
-            self._lock.acquire()
-            self._owner = me
-        try:
-            return (yield from self._rounds(ids, cfg))
-        finally:      # (also when the stream is closed or dropped while paused, from whichever thread)
-            if mine:
+        """_rounds holding the decoder: other threads' requests wait until this one ends or is closed."""
+        with self._lock:
+            self._owner = threading.get_ident()
+            try:
+                return (yield from self._rounds(ids, cfg))
+            finally:      # also when the stream is closed or dropped while paused, from whichever thread
                 self._owner = None
-                self._lock.release()
 
     def _rounds(self, ids: list[int], cfg: GenerationConfig):
-        speculative = cfg.speculative and (self.draft is not None or cfg.ngram > 0)
-        roles = {"target": self.target} | ({"draft": self.draft} if speculative and self.draft is not None else {})
-        engines = list(roles.values())
-        lookup = (NgramLookup(ids, max_n=cfg.ngram, min_n=cfg.ngram_min, capacity=self.max_context)
-                  if speculative and cfg.ngram else None)
-        stats = Stats(k=cfg.k if speculative else 0, prompt_tokens=len(ids),
-                      accepted_hist=[0] * ((cfg.k if speculative else 0) + 1))
-        rng = np.random.default_rng(cfg.seed)
-        text = TextStream(self.tokenizer, cfg.stop)
-        self._request += 1
-        mine = self._request
-        t0 = time.perf_counter()
-        for role, e in roles.items():       # invariant: caches hold committed tokens only, never the last one
-            held, writes = self._held.pop(role, (None, None))
-            fresh = cfg.prefix_cache and held and writes is not None and writes == getattr(e, "writes", None)
-            keep = _common_prefix(held, ids, limit=min(e.length, len(ids) - 1)) if fresh else 0
-            e.truncate(keep)
-            for s in range(keep, len(ids) - 1, cfg.prefill_chunk):
-                e.run(np.asarray(ids[s:min(s + cfg.prefill_chunk, len(ids) - 1)]), keep=1)
-            setattr(stats, "reused_tokens" if role == "target" else "draft_reused_tokens", keep)
-        stats.seconds_prefill = time.perf_counter() - t0
-        tokens, finish = list(ids), None
-        eos = () if cfg.ignore_eos else self.eos
-        t0 = time.perf_counter()
-        writes_now = lambda: [getattr(e, "writes", None) for e in engines]
-        paused, before = False, None      # whether a piece was handed out since the last round, and the writes then
-        overtaken = lambda: paused and (self._request != mine or writes_now() != before)
-        while finish is None:
-            if overtaken():
-                # another request (or code running an engine) used the caches while this stream waited
-                raise ConfigError("the decoder's engines ran another request while this stream was paused; a "
-                                  "decoder serves one request at a time: finish a stream before starting "
-                                  "another, or load a second decoder")
-            paused = False
-            budget = cfg.max_new_tokens - stats.new_tokens
-            k = min(stats.k, budget - 1, self.max_context - len(tokens))
-            if budget <= 0 or k < 0:
-                finish = "length"
+        """Speculative decoding, one round per iteration (Leviathan et al. 2023, Algorithm 1)."""
+        req = self._begin(ids, cfg)
+        while req.finish is None:
+            k = self._round_size(req)
+            if k is None:
                 break
-            new = self._step(tokens, k, cfg, rng, stats, lookup)
-            eos_at = next((i for i, t in enumerate(new) if t in eos), None)
-            if eos_at is not None:
-                new, finish = new[:eos_at + 1], "eos"
-            shown = len(text.ids)
-            piece = text.push(new if finish is None else new[:-1])
-            if text.stopped:       # the tokens after the one completing the stop string were never said
-                new, finish = new[:len(text.ids) - shown], "stop"
-            tokens += new
-            stats.new_tokens += len(new)
-            if lookup is not None:
-                lookup.extend(new)
-            if finish:             # drop what the caches hold beyond the last kept token
-                for e in engines:
-                    e.truncate(min(e.length, len(tokens) - 1))
+            # 1. propose: up to k draft tokens and the laws q they were drawn from
+            proposal = self._propose(req, k)
+            # 2. verify: ONE target call over the last committed token and the k drafts
+            t0 = time.perf_counter()
+            logits = self.target.run(np.asarray([req.tokens[-1]] + proposal.tokens))   # [k+1, vocab]
+            req.stats.seconds_target += time.perf_counter() - t0
+            # 3. accept: the longest accepted prefix, then a recovered or bonus token
+            new, n_accepted = self._accept(req, proposal, logits)
+            req.stats.record_round(proposal.source, len(proposal.tokens), n_accepted)
+            # 4. commit what ends the output no later than EOS or a stop string; roll back the rest
+            piece = self._commit(req, new)
+            # 5. emit
             if piece:
-                before = writes_now()
                 yield piece
-                paused = True
-        stats.seconds_total = time.perf_counter() - t0
-        if not overtaken():                # (a finished stream's output stands either way)
-            for role, e in roles.items():      # each cache holds a prefix of the committed tokens
-                self._held[role] = (tokens[:e.length], getattr(e, "writes", None))
-        tail = text.flush()
+        return (yield from self._end(req))
+
+    def _begin(self, ids: list[int], cfg: GenerationConfig) -> "_Request":
+        """Prefill (reusing the previous request's KV where the prompt shares a prefix with it) and
+        start the proposers this request uses."""
+        proposers = [p for p in self.proposers if p.enabled(cfg)] if cfg.speculative else []
+        k = cfg.k if proposers else 0
+        stats = Stats(k=k, prompt_tokens=len(ids), accepted_hist=[0] * (k + 1))
+        t0 = time.perf_counter()
+        stats.reused_tokens = self.prefix.restore("target", self.target, ids, cfg)
+        for p in proposers:
+            p.begin(ids, cfg, stats)
+        stats.seconds_prefill = time.perf_counter() - t0
+        return _Request(cfg=cfg, tokens=list(ids), prompt_len=len(ids), proposers=proposers, stats=stats,
+                        rng=np.random.default_rng(cfg.seed), text=TextStream(self.tokenizer, cfg.stop),
+                        eos=frozenset() if cfg.ignore_eos else frozenset(self.eos), t0=time.perf_counter())
+
+    def _round_size(self, req: "_Request") -> int | None:
+        """Drafts this round may propose: bounded by k, the token budget and the context; None ends
+        the request (finish "length")."""
+        budget = req.cfg.max_new_tokens - req.stats.new_tokens
+        k = min(req.stats.k, budget - 1, self.max_context - len(req.tokens))
+        if budget <= 0 or k < 0:
+            req.finish = "length"
+            return None
+        return k
+
+    def _propose(self, req: "_Request", k: int) -> Proposal:
+        for p in req.proposers if k else ():
+            proposal = p.propose(req.tokens, k, cfg=req.cfg, rng=req.rng, stats=req.stats)
+            if proposal is not None:
+                return proposal
+        return Proposal([], np.empty((0, self.vocab_size), dtype=np.float32), source=None)
+
+    def _accept(self, req: "_Request", proposal: Proposal, logits: np.ndarray) -> tuple[list[int], int]:
+        params, drafts = req.cfg.sampling, proposal.tokens
+        if params.greedy:
+            return accept_greedy(drafts, greedy_tokens(logits, params, history=req.tokens, drafts=drafts))
+        p = probs(logits, params, history=req.tokens, drafts=drafts)        # [k+1, vocab]
+        return accept(drafts, proposal.q, p, req.rng)
+
+    def _commit(self, req: "_Request", new: list[int]) -> str:
+        """Append the round's tokens up to EOS or the end of a stop string, and roll every cache back to
+        the committed tokens but the last (the one place a rollback happens). Returns the text to emit."""
+        eos_at = next((i for i, t in enumerate(new) if t in req.eos), None)
+        if eos_at is not None:
+            new, req.finish = new[:eos_at + 1], "eos"
+        shown = len(req.text.ids)
+        piece = req.text.push(new if req.finish is None else new[:-1])
+        if req.text.stopped:       # the tokens after the one completing the stop string were never said
+            new, req.finish = new[:len(req.text.ids) - shown], "stop"
+        req.tokens += new
+        req.stats.new_tokens += len(new)
+        self.target.truncate(min(self.target.length, len(req.tokens) - 1))
+        for p in req.proposers:
+            p.commit(req.tokens, len(new))
+        return piece
+
+    def _end(self, req: "_Request"):
+        """Record what the caches hold for the next request's prefix reuse; the text's held-back tail."""
+        req.stats.seconds_total = time.perf_counter() - req.t0
+        self.prefix.record("target", self.target, req.tokens)
+        for p in req.proposers:
+            p.end(req.tokens)
+        tail = req.text.flush()
         if tail:
             yield tail
-        return Result(text=text.text, token_ids=tokens[len(ids):], finish_reason=finish, stats=stats)
+        return Result(text=req.text.text, token_ids=req.tokens[req.prompt_len:], finish_reason=req.finish,
+                      stats=req.stats)
 
-    def _step(self, tokens: list[int], k: int, cfg: GenerationConfig, rng: np.random.Generator,
-              stats: Stats, lookup: NgramLookup | None) -> list[int]:
-        """One round: draft up to k tokens (prompt lookup when the context's last n-gram recurred, else
-        the draft model), verify them in ONE target call over k+1 positions, accept, and roll both
-        caches back to the committed prefix. Returns the newly committed tokens."""
-        n, params, greedy = len(tokens), cfg.sampling, cfg.sampling.greedy
-        drafts = lookup.propose(k) if lookup is not None and k else []
-        from_lookup = bool(drafts)
-        if from_lookup:      # point masses: q is one-hot (greedy never reads q)
-            q = np.zeros((0 if greedy else len(drafts), self.vocab_size), dtype=np.float32)   # [k, vocab]
-            q[np.arange(len(q)), drafts[:len(q)]] = 1.0
-        elif k and self.draft is not None:
-            drafts, q = self._draft(tokens, k, cfg, rng, stats)
-        else:
-            q = np.empty((0, self.vocab_size), dtype=np.float32)
-        k = len(drafts)
-        t0 = time.perf_counter()
-        logits = self.target.run(np.asarray([tokens[-1]] + drafts))        # [k+1, vocab]
-        stats.seconds_target += time.perf_counter() - t0
-        if greedy:
-            new, n_accepted = accept_greedy(drafts, greedy_tokens(logits, params, history=tokens, drafts=drafts))
-        else:
-            p = probs(logits, params, history=tokens, drafts=drafts)       # [k+1, vocab]
-            new, n_accepted = accept(drafts, q, p, rng)
-        self.target.truncate(n + n_accepted)     # committed prefix; the last new token is not fed yet
-        if self.draft is not None and stats.k:   # (after lookup rounds it lags: the next draft call catches up)
-            self.draft.truncate(min(self.draft.length, n + n_accepted))
-        if k:
-            evaluated = n_accepted + (n_accepted < k)    # the drafts the verifier reached
-            stats.drafted += k
-            stats.accepted += n_accepted
-            stats.evaluated += evaluated
-            stats.accepted_hist[n_accepted] += 1
-            if from_lookup:
-                stats.lookup_rounds += 1
-                stats.lookup_accepted += n_accepted
-                stats.lookup_evaluated += evaluated
-        stats.target_calls += 1
-        stats.rounds += 1
-        return new
 
-    def _draft(self, tokens: list[int], k: int, cfg: GenerationConfig, rng: np.random.Generator,
-               stats: Stats) -> tuple[list[int], np.ndarray]:
-        """Up to k tokens from the draft model, one call each, and the q they were sampled from."""
-        params, greedy = cfg.sampling, cfg.sampling.greedy
-        drafts: list[int] = []
-        q = np.empty((0 if greedy else k, self.vocab_size), dtype=np.float32)   # [k, vocab]
-        feed = tokens[self.draft.length:]     # 1 token; more when it missed a bonus or lookup rounds
-        reach = 1.0          # the draft's own estimate that every draft so far is accepted
-        for i in range(k):
-            t0 = time.perf_counter()
-            logits = self.draft.run(np.asarray(feed), keep=1)              # [1, vocab]
-            stats.seconds_draft += time.perf_counter() - t0
-            stats.draft_calls += 1
-            if greedy:       # point masses: the token is the argmax, q is never materialised
-                drafts.append(int(greedy_tokens(logits, params, history=tokens, drafts=drafts, first=i)[0]))
-                if cfg.draft_confidence > 0:      # a softmax over the vocab: skipped when unused
-                    reach *= confidence(logits[0])
-            else:
-                q[i] = probs(logits, params, history=tokens, drafts=drafts, first=i)[0]
-                drafts.append(sample(q[i], rng))
-                reach *= q[i].max()
-            feed = drafts[-1:]
-            if reach < cfg.draft_confidence:   # the next drafts would likely be wasted: verify what we have
-                break
-        return drafts, q[:len(drafts)]
+@dataclass
+class _Request:
+    """One request's state while the loop runs."""
+    cfg: GenerationConfig
+    tokens: list[int]                 # committed: prompt + output so far
+    prompt_len: int
+    proposers: list
+    stats: Stats
+    rng: np.random.Generator
+    text: TextStream
+    eos: frozenset
+    t0: float
+    finish: str | None = None
 
 
 def _token_ids(prompt) -> list[int]:
@@ -400,15 +402,6 @@ def _token_ids(prompt) -> list[int]:
               f" of {arr.ndim} dimensions" if shaped and arr is not None and arr.ndim != 1 else "")
     raise ConfigError(f"the prompt must be text (str) or a 1-D sequence of token ids (ints), got "
                       f"{type(prompt).__name__}{detail}")
-
-
-def _common_prefix(a: list[int], b: list[int], *, limit: int) -> int:
-    """Length of the longest common prefix of a and b, at most `limit`."""
-    n = min(len(a), len(b), limit)
-    if n <= 0:
-        return 0
-    diff = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
-    return int(diff[0]) if diff.size else n
 
 
 def _guard_prompt(path: Path, m: Manifest, tokenizer, max_context: int) -> list[int]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from specedge.runtime.config import ConfigError, GenerationConfig
+from specedge.runtime.errors import BusyError
 from specedge.runtime.decoder import SpeculativeDecoder
 
 P = [ord(c) for c in "def add(a, b):\n    return a + b\n\ndef mul(a, b):\n"]
@@ -58,8 +59,9 @@ def test_sampled_repeat_is_the_same_draw(decoders):
 def test_abandoned_stream_and_outside_runs_are_not_trusted(decoders):
     dec, ref = decoders
     dec.generate(P, **GREEDY)
-    stream = iter(dec.stream(P + [ord(" ")], **GREEDY))
-    next(stream)                                          # abandoned after its first piece
+    stream = dec.stream(P + [ord(" ")], **GREEDY)
+    next(iter(stream))                                    # abandoned after its first piece
+    stream.close()
     assert dec.generate(P, **GREEDY).stats.reused_tokens == 0
     dec.target.truncate(0)                                # code that runs an engine directly in between
     dec.target.run(Q[:-1])
@@ -68,15 +70,19 @@ def test_abandoned_stream_and_outside_runs_are_not_trusted(decoders):
     assert got.token_ids == fresh(ref, Q, **GREEDY).token_ids
 
 
-def test_a_stream_resumed_after_another_request_is_refused(decoders):
-    """A decoder serves one request at a time: resuming a paused stream after another request used the
-    engines raises, and the next request does not reuse what that stream would have recorded."""
+def test_a_second_request_from_the_streams_own_thread_is_refused(decoders):
+    """A decoder serves one request at a time: while this thread's stream is open, another request
+    from the same thread raises BusyError (waiting would deadlock), and the stream still completes."""
     dec, ref = decoders
-    stream = iter(dec.stream(P, speculative=False, **GREEDY))
-    next(stream)
-    dec.generate(Q + Q, **GREEDY)
-    with pytest.raises(ConfigError, match="one request at a time"):
-        list(stream)
+    stream = dec.stream(P, speculative=False, **GREEDY)
+    pieces = iter(stream)
+    next(pieces)
+    with pytest.raises(BusyError, match="one request at a time"):
+        dec.generate(Q + Q, **GREEDY)
+    with pytest.raises(BusyError, match="close"):
+        dec.stream(Q, **GREEDY)
+    list(pieces)
+    assert stream.result.token_ids == fresh(ref, P, speculative=False, **GREEDY).token_ids
     got = dec.generate(Q + Q + [ord("z")], **GREEDY)
     assert got.token_ids == fresh(ref, Q + Q + [ord("z")], **GREEDY).token_ids
 

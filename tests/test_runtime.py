@@ -68,13 +68,16 @@ class _SureDraft:
     def __init__(self, vocab: int, top: float):
         self.length, self.row = 0, np.full((1, vocab), np.log((1 - top) / (vocab - 1)), np.float32)
         self.row[0, 3] = np.log(top)
+        self.writes = 0
 
     def run(self, ids, *, keep=None):
         self.length += len(ids)
+        self.writes += 1
         return self.row
 
     def truncate(self, n):
         self.length = n
+        self.writes += 1
 
 
 def test_draft_confidence_bounds_the_product_of_a_rounds_confidences(decoders):
