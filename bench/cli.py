@@ -148,11 +148,11 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.quick:
         args.n_prompts, args.ks, args.max_new_tokens, args.repeats = 3, "2,4,6", 48, 2
-    from specedge.engines import EngineError
-    from specedge.runtime import BundleError, ConfigError, GenerationConfig, Manifest, SpeculativeDecoder
+    from specedge.runtime import ConfigError, GenerationConfig, Manifest, SpeculativeDecoder
+    from specedge.runtime.errors import SpecedgeError
     try:
         if args.n_prompts < 1 or args.repeats < 1 or args.max_new_tokens < 1:
-            raise ValueError("--n-prompts, --repeats and --max-new-tokens must be >= 1")
+            raise ConfigError("--n-prompts, --repeats and --max-new-tokens must be >= 1")
         manifest = Manifest.load(args.bundle)
         if not manifest.has_draft:
             raise BundleError(f"{args.bundle} has no draft model; export a pair with spec-export")
@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
                                              config=GenerationConfig(ngram=args.ngram))
         for p in prompts:
             dec.encode(p)          # refuse an empty or over-long prompt before measuring anything
-    except (BundleError, ConfigError, EngineError, ValueError, OSError) as e:
+    except (SpecedgeError, OSError) as e:
         print(f"spec-bench: error: {e}", file=sys.stderr)
         return 2
     t_start = time.perf_counter()

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from specedge.engines.base import EngineError
-from specedge.runtime.manifest import MANIFEST, Manifest, ModelInfo, io_names
+from specedge.runtime.manifest import MANIFEST, Manifest, ModelInfo, io_names, read_prompts
 
 from .loader import ExportError, check_source, load_model
 
@@ -71,6 +71,27 @@ def _json(path: Path) -> dict:
     return json.loads(path.read_text()) if path.is_file() else {}
 
 
+def _token_text(value) -> str:
+    """A special token as tokenizer_config.json stores it: a string or an AddedToken dict."""
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else ""
+
+
+def chat_template(folder: Path) -> tuple[str | None, dict]:
+    """The folder's chat template (chat_template.jinja, else tokenizer_config.json's "chat_template",
+    its "default" entry when it holds several) and the bos / eos token strings it renders with."""
+    folder = Path(folder)
+    tc = _json(folder / "tokenizer_config.json")
+    path = folder / "chat_template.jinja"
+    text = path.read_text(encoding="utf-8") if path.is_file() else tc.get("chat_template")
+    if isinstance(text, list):
+        text = next((t.get("template") for t in text if isinstance(t, dict) and t.get("name") == "default"), None)
+    if not isinstance(text, str) or not text.strip():
+        return None, {}
+    return text, {k: _token_text(tc.get(k)) for k in ("bos_token", "eos_token")}
+
+
 def generation_defaults(folder: Path) -> tuple[list[int], dict]:
     gen, cfg = _json(folder / "generation_config.json"), _json(folder / "config.json")
     eos = gen.get("eos_token_id", cfg.get("eos_token_id"))
@@ -79,7 +100,8 @@ def generation_defaults(folder: Path) -> tuple[list[int], dict]:
 
 
 def export_one(src: Path, dst: Path, *, role: str, dtype: str, max_context: int | None, k: int,
-               allow_pickle: bool, opset: int, builder: str = "torch", quiet: bool = False) -> ModelInfo:
+               allow_pickle: bool, opset: int, builder: str = "torch", quiet: bool = False,
+               origin: Path | None = None) -> ModelInfo:
     from .genai import export_genai
     from .graph import export_onnx
     from .heads import KEEP, add_logits_to_keep
@@ -120,7 +142,7 @@ def export_one(src: Path, dst: Path, *, role: str, dtype: str, max_context: int 
         if (src / name).is_file():
             shutil.copy2(src / name, dst / name)
     return ModelInfo(file=f"{role}/model.onnx", inputs=inputs, outputs=outputs, parity=parity,
-                     export_seconds=round(time.perf_counter() - t0, 2), source=str(Path(src).resolve()),
+                     export_seconds=round(time.perf_counter() - t0, 2), source=str(Path(origin or src).resolve()),
                      opset=opset if builder == "torch" else 0, builder=builder, weights=dtype, **dims)
 
 
@@ -163,24 +185,57 @@ def staged(out: Path, *, overwrite: bool):
 
 
 def _check_prompts(path: Path) -> None:
+    """The prompts file the runtime will read (read_prompts), every prompt a string."""
     if not path.is_file():
         raise ExportError(f"prompts file {path} does not exist")
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if line.strip():
-            try:
-                ok = isinstance(json.loads(line).get("prompt"), str)
-            except (json.JSONDecodeError, AttributeError):
-                ok = False
-            if not ok:
-                raise ExportError(f"{path}:{n}: each line must be a JSON object with a string 'prompt'")
+    try:
+        prompts = read_prompts(path)
+    except ValueError as e:
+        raise ExportError(str(e)) from None
+    bad = [i for i, p in enumerate(prompts, 1) if not isinstance(p, str)]
+    if bad:
+        raise ExportError(f"{path}: prompt {bad[0]} (of {len(prompts)}) is not a string; each line must be a "
+                          f"JSON object with a string 'prompt'")
 
 
-def export_bundle(*, target: Path, draft: Path | None, out: Path, dtype: str = "fp32", draft_dtype: str | None = None,
-                  k: int = 8,
-                  max_context: int | None = None, prompts: Path | None = None, overwrite: bool = False,
-                  allow_pickle: bool = False, opset: int | None = None, builder: str = "torch",
-                  quiet: bool = False) -> Manifest:
-    """Export `target` (and `draft`, when given) into the bundle folder `out`."""
+@contextlib.contextmanager
+def model_folder(src: Path, *, out: Path, quiet: bool):
+    """`src` as a Hugging Face folder: a GGUF file is converted into a temp folder beside `out`, removed
+    afterwards; a folder is used as it is."""
+    from .gguf import gguf_to_folder, is_gguf
+    src = Path(src)
+    if not is_gguf(src):
+        yield src
+        return
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{src.stem}.hf-", dir=Path(out).parent))
+    try:
+        with phase(f"convert {src.name} (GGUF -> Hugging Face, dequantized to fp32)", quiet):
+            folder = gguf_to_folder(src, tmp / "model")
+        yield folder
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def export_bundle(*, target: Path, draft: Path | None, out: Path, **options) -> Manifest:
+    """Export `target` (and `draft`, when given): Hugging Face folders or GGUF files, into the bundle
+    folder `out`. Options: see _export_folders."""
+    from .gguf import is_gguf
+    for src in (target, draft):
+        if src is not None and Path(src).is_file() and not is_gguf(src):
+            raise ExportError(f"{src} is a file but not a GGUF model (no GGUF magic); pass a Hugging Face "
+                              f"model folder or a .gguf file")
+    with contextlib.ExitStack() as stack:
+        t = stack.enter_context(model_folder(target, out=out, quiet=options.get("quiet", False)))
+        d = stack.enter_context(model_folder(draft, out=out, quiet=options.get("quiet", False))) if draft else None
+        origins = {"target": Path(target)} | ({"draft": Path(draft)} if draft else {})
+        return _export_folders(target=t, draft=d, out=out, origins=origins, **options)
+
+
+def _export_folders(*, target: Path, draft: Path | None, out: Path, origins: dict, dtype: str = "fp32",
+                    draft_dtype: str | None = None, k: int = 8, max_context: int | None = None,
+                    prompts: Path | None = None, overwrite: bool = False, allow_pickle: bool = False,
+                    opset: int | None = None, builder: str = "torch", quiet: bool = False) -> Manifest:
     from specedge.runtime import __version__
 
     from .graph import DEFAULT_OPSET, OPSETS
@@ -222,15 +277,20 @@ def export_bundle(*, target: Path, draft: Path | None, out: Path, dtype: str = "
     eos_ids, generation = generation_defaults(sources["target"])
     with staged(Path(out), overwrite=overwrite) as tmp:     # refuses an existing --out before any work
         models = {role: export_one(src, tmp / role, role=role, dtype=dtypes[role], max_context=max_context, k=k,
-                                   allow_pickle=allow_pickle, opset=opset, builder=builder, quiet=quiet)
+                                   allow_pickle=allow_pickle, opset=opset, builder=builder, quiet=quiet,
+                                   origin=origins[role])
                   for role, src in sources.items()}
         (tmp / "tokenizer.json").write_text(toks["target"], encoding="utf-8")
+        template, chat_tokens = chat_template(sources["target"])
+        if template:
+            (tmp / "chat_template.jinja").write_text(template, encoding="utf-8")
         if prompts:
             shutil.copy2(prompts, tmp / "prompts.jsonl")
         manifest = Manifest(models=models, tokenizer="tokenizer.json", vocab_size=shared,
                             eos_token_ids=eos_ids, max_context=min(m.max_context for m in models.values()),
                             max_draft_tokens=k, generation=generation,
                             prompts="prompts.jsonl" if prompts else None,
+                            chat_template="chat_template.jinja" if template else None, chat_tokens=chat_tokens,
                             created_by=f"specedge {__version__} spec-export")
         manifest.write(tmp)
     if not quiet:

@@ -10,7 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from .loader import ExportError
+from specedge.runtime.errors import SpecedgeError
 
 
 def _common(ap: argparse.ArgumentParser) -> None:
@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
                       max_context=args.max_context,
                       prompts=args.prompts, overwrite=args.overwrite, allow_pickle=args.allow_pickle,
                       opset=args.opset, builder=args.builder, quiet=args.quiet)
-    except ExportError as e:
+    except SpecedgeError as e:
         print(f"spec-export: error: {e}", file=sys.stderr)
         return 2
     except ImportError as e:

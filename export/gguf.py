@@ -6,6 +6,7 @@ other. `save_pretrained` refuses a model loaded from GGUF, so the state dict is 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from .loader import ExportError
@@ -52,6 +53,15 @@ def gguf_to_folder(path: Path, out: Path) -> Path:
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     try:
+        from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES as known
+    except ImportError:
+        known = None
+    if known is not None and arch not in known:
+        raise ExportError(f"{path.name} holds a {arch!r} model, which transformers' GGUF loader does not read "
+                          f"(it reads: {', '.join(sorted(known))}); convert the model to a Hugging Face folder "
+                          f"another way, or pick a supported architecture")
+    os.environ.setdefault("TQDM_DISABLE", "1")     # the loader's per-tensor progress bar
+    try:
         tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True)
         model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
                                                      dtype=torch.float32, local_files_only=True)
@@ -70,6 +80,7 @@ def gguf_to_folder(path: Path, out: Path) -> Path:
     for key in ("quantization_config", "_name_or_path", "transformers_version"):
         config.pop(key, None)
     config["dtype"] = "float32"
+    config["architectures"] = [type(model).__name__]
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
     model.generation_config.to_json_file(out / "generation_config.json")
     tok.save_pretrained(out)

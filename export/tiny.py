@@ -60,3 +60,56 @@ def make_model(folder: Path, arch: str = "llama", *, seed: int = 0, dtype: str =
     (folder / "tokenizer.json").write_text(tokenizer or byte_tokenizer_json())
     (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": 256, "do_sample": False}))
     return folder
+
+
+def make_gguf(path: Path, *, seed: int = 0, layers: int = 2, hidden: int = 64, heads: int = 4, kv_heads: int = 2,
+              arch: str = "llama", chat_template: str | None = None) -> Path:
+    """Write a tiny random-weight Llama as a GGUF file (F32 tensors, the byte-level tokenizer as a
+    "gpt2" BPE vocabulary), the shape llama.cpp's converter writes."""
+    import gguf
+    import numpy as np
+    rng = np.random.default_rng(seed)
+    vocab = json.loads(byte_tokenizer_json())["model"]["vocab"]
+    tokens = sorted(vocab, key=vocab.get) + ["<|endoftext|>"]
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_name("tiny")
+    w.add_context_length(512)
+    w.add_embedding_length(hidden)
+    w.add_block_count(layers)
+    w.add_feed_forward_length(2 * hidden)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv_heads)
+    w.add_rope_dimension_count(hidden // heads)
+    w.add_rope_freq_base(10000.0)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_vocab_size(len(tokens))
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_types([gguf.TokenType.NORMAL] * 256 + [gguf.TokenType.CONTROL])
+    w.add_token_scores([0.0] * len(tokens))
+    w.add_token_merges([])
+    w.add_bos_token_id(256)
+    w.add_eos_token_id(256)
+    if chat_template:
+        w.add_chat_template(chat_template)
+    mlp = 2 * hidden
+    kv = hidden // heads * kv_heads
+    shapes = {"token_embd.weight": (len(tokens), hidden), "output_norm.weight": (hidden,),
+              "output.weight": (len(tokens), hidden)}
+    for i in range(layers):
+        shapes |= {f"blk.{i}.attn_norm.weight": (hidden,), f"blk.{i}.ffn_norm.weight": (hidden,),
+                   f"blk.{i}.attn_q.weight": (hidden, hidden), f"blk.{i}.attn_k.weight": (kv, hidden),
+                   f"blk.{i}.attn_v.weight": (kv, hidden), f"blk.{i}.attn_output.weight": (hidden, hidden),
+                   f"blk.{i}.ffn_gate.weight": (mlp, hidden), f"blk.{i}.ffn_up.weight": (mlp, hidden),
+                   f"blk.{i}.ffn_down.weight": (hidden, mlp)}
+    for name, shape in shapes.items():
+        scale = 1.0 if name.endswith("norm.weight") else (0.5 if name == "output.weight" else 0.08)
+        data = np.ones(shape, np.float32) if len(shape) == 1 else (rng.standard_normal(shape) * scale).astype(np.float32)
+        w.add_tensor(name, data)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path

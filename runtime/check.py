@@ -34,6 +34,7 @@ import numpy as np
 from specedge.engines.base import EngineError
 
 from .config import ConfigError, SamplingParams
+from .errors import SpecedgeError
 from .files import write_atomic
 from .gof import MIN_EXPECTED, chi2_fit, accept_law
 from .manifest import BundleError, Manifest, read_prompts
@@ -406,7 +407,7 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError(f"--json: folder {args.json.parent} does not exist; create it first")
         cert = certify(args.bundle, cfg, providers=args.providers.split(","), threads=args.threads,
                        prompts=prompts, log=lambda msg: print(f"spec-check: {msg}", file=sys.stderr))
-    except (ConfigError, BundleError, EngineError, ImportError, ValueError, OSError) as e:
+    except (SpecedgeError, ImportError, OSError) as e:
         print(f"spec-check: error: {e}", file=sys.stderr)
         return 2
     print(summary(cert))

@@ -10,10 +10,9 @@ import json
 import os
 import sys
 
-from specedge.engines.base import EngineError
-
-from .config import DEFAULT_K, ConfigError, GenerationConfig, SamplingParams, load_toml, model_defaults
-from .manifest import BundleError, Manifest
+from .config import DEFAULT_K, GenerationConfig, SamplingParams, load_toml, model_defaults
+from .errors import ConfigError, SpecedgeError
+from .manifest import Manifest
 
 _G, _S = GenerationConfig(), SamplingParams()
 # flag -> GenerationConfig / SamplingParams field; a flag left out keeps the --config value, else the
@@ -27,6 +26,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="spec-run", description=__doc__)
     ap.add_argument("bundle", help="bundle folder written by spec-export")
     ap.add_argument("prompt", nargs="?", help="prompt text ('-' reads standard input); not with --jsonl")
+    ap.add_argument("--chat", metavar="MESSAGE",
+                    help="a user message, rendered by the bundle's chat template (instead of a prompt)")
+    ap.add_argument("--system", metavar="TEXT", help="with --chat: a system message before it")
     ap.add_argument("--config", help="TOML file of generation settings (flags override it)")
     ap.add_argument("--max-new-tokens", type=int, help=f"default {_G.max_new_tokens}")
     ap.add_argument("--temperature", type=float, help=f"0 = greedy (default: the model's, else {_S.temperature})")
@@ -53,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--json", action="store_true", help="print one JSON object (text, ids, stats)")
     ap.add_argument("--jsonl", action="store_true",
                     help="serve requests from standard input, one JSON object a line: \"prompt\" (text or token "
-                         "ids), optional \"id\" (echoed) and any generation setting (max_new_tokens, temperature, "
+                         "ids) or \"messages\" ([{\"role\", \"content\"}, ...]: chat), optional \"id\" (echoed) and any generation setting (max_new_tokens, temperature, "
                          "stop, seed, ...; the flags give their defaults); one JSON result a line on standard "
                          "output, {\"id\", \"error\"} for a bad line")
     ap.add_argument("--providers", default="cpu", help="comma list: cpu, cuda, tensorrt (default cpu)")
@@ -105,16 +107,16 @@ def serve_jsonl(dec, lines, out) -> int:
                 req = json.loads(line, parse_constant=_no_constant)
             except (json.JSONDecodeError, ValueError) as e:
                 raise ConfigError(f"not JSON ({e})") from None
-            if not isinstance(req, dict) or "prompt" not in req:
-                raise ConfigError('each line must be a JSON object with a "prompt"')
+            if not isinstance(req, dict) or ("prompt" in req) == ("messages" in req):
+                raise ConfigError('each line must be a JSON object with a "prompt" or "messages" (not both)')
             rid = req.pop("id", None)
-            prompt = req.pop("prompt")
+            prompt, messages = req.pop("prompt", None), req.pop("messages", None)
             if "stop" in req and isinstance(req["stop"], str):
                 req["stop"] = (req["stop"],)
-            res = dec.generate(prompt, **req)
+            res = dec.generate(prompt, messages=messages, **req)
             reply = {"text": res.text, "token_ids": res.token_ids, "finish_reason": res.finish_reason,
                      "stats": res.stats.to_dict()}
-        except (ConfigError, TypeError, EngineError) as e:    # this request fails, the next one runs
+        except (SpecedgeError, TypeError) as e:    # this request fails, the next one runs
             errors += 1
             reply = {"error": f"line {n}: {e}"}
         if rid is not None:
@@ -126,9 +128,11 @@ def serve_jsonl(dec, lines, out) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.jsonl == (args.prompt is not None) or args.jsonl and (args.json or args.stream):
-        print("spec-run: error: give a prompt, or --jsonl to read requests from standard input (not both; "
-              "--jsonl answers in JSON lines, without --json or --stream)", file=sys.stderr)
+    given = (args.prompt is not None) + (args.chat is not None) + args.jsonl
+    if given != 1 or args.jsonl and (args.json or args.stream) or args.system is not None and args.chat is None:
+        print("spec-run: error: give one of a prompt, --chat MESSAGE, or --jsonl to read requests from standard "
+              "input (--jsonl answers in JSON lines, without --json or --stream; --system goes with --chat)",
+              file=sys.stderr)
         return 2
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     try:
@@ -146,13 +150,18 @@ def main(argv: list[str] | None = None) -> int:
             except BrokenPipeError:       # the reader went away: nothing left to answer
                 os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             return 0
-        stream = dec.stream(prompt)
+        if args.chat is not None:
+            messages = ([{"role": "system", "content": args.system}] if args.system is not None else []) + \
+                [{"role": "user", "content": args.chat}]
+            stream = dec.stream(messages=messages)
+        else:
+            stream = dec.stream(prompt)
         for piece in stream:
             if args.stream and not args.json:
                 sys.stdout.write(piece)
                 sys.stdout.flush()
         res = stream.result
-    except (ConfigError, BundleError, EngineError, ImportError) as e:
+    except (SpecedgeError, ImportError) as e:
         print(f"spec-run: error: {e}", file=sys.stderr)
         return 2
     if args.json:

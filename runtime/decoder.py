@@ -11,6 +11,7 @@ import numpy as np
 
 from .config import DEFAULT_K, ConfigError, GenerationConfig, model_defaults
 from .costs import speculation_pays
+from .chat import ChatTemplate
 from .errors import BusyError
 from .manifest import BundleError, Manifest, read_prompts
 from .prefix import PrefixCache
@@ -139,6 +140,7 @@ class SpeculativeDecoder:
         self.max_draft_tokens = max_draft_tokens
         self.config = config
         self.draft_note: str | None = None       # why from_bundle dropped the draft model, if it did
+        self.chat: ChatTemplate | None = None    # the tokenizer's chat template, when the bundle has one
         self.prefix = PrefixCache()
         self._lock = threading.Lock()            # one request at a time; a stream holds it until it ends
         self._owner: int | None = None           # the thread whose request holds it
@@ -214,6 +216,9 @@ class SpeculativeDecoder:
         dec = cls(target=engines["target"], draft=engines.get("draft"), tokenizer=tokenizer,
                   vocab_size=m.vocab_size, eos_token_ids=m.eos_token_ids, max_context=m.max_context,
                   max_draft_tokens=m.max_draft_tokens, config=config)
+        if m.chat_template:
+            tokens = {k: v for k, v in m.chat_tokens.items() if k in ("bos_token", "eos_token") and isinstance(v, str)}
+            dec.chat = ChatTemplate((path / m.chat_template).read_text(encoding="utf-8"), **tokens)
         if speculative == "auto" and dec.draft is not None:
             prompt = _guard_prompt(path, m, tokenizer, dec.max_context)
             pays, why = speculation_pays(dec, prompt, max_k=dec.default_k)
@@ -222,18 +227,21 @@ class SpeculativeDecoder:
         return dec
 
     # -- public API ------------------------------------------------------------------------------
-    def generate(self, prompt, **overrides) -> Result:
+    def generate(self, prompt=None, *, messages=None, **overrides) -> Result:
         """Generate from a prompt (str or token ids). Overrides: any GenerationConfig/SamplingParams field.
         Thread-safe: concurrent requests take turns (one batch-1 cache pair serves one at a time)."""
-        stream = self.stream(prompt, **overrides)
+        stream = self.stream(prompt, messages=messages, **overrides)
         for _ in stream:
             pass
         return stream.result
 
-    def stream(self, prompt, **overrides) -> Stream:
+    def stream(self, prompt=None, *, messages=None, **overrides) -> Stream:
         """Like generate(), but iterate for text pieces as soon as they are committed. The request holds
         the decoder from its first piece until it ends, its loop is left, or close() is called: other
-        threads' requests wait; a request from this thread meanwhile raises BusyError."""
+        threads' requests wait; a request from this thread meanwhile raises BusyError.
+
+        `messages` ([{"role", "content"}, ...]) instead of a prompt: rendered by the bundle's chat template
+        with the assistant's turn opened, and the request also stops at the template's end-of-turn token."""
         if self._owner == threading.get_ident():
             raise BusyError("this thread's previous stream is still open: a decoder serves one request at a "
                             "time; read that stream to the end or call its close() first")
@@ -243,8 +251,27 @@ class SpeculativeDecoder:
         elif cfg.speculative and cfg.k > self.max_draft_tokens:      # the bundle's verify profile
             raise ConfigError(f"k={cfg.k} exceeds the bundle's max draft tokens ({self.max_draft_tokens}); "
                               f"use k <= {self.max_draft_tokens} or re-export with --max-draft-tokens {cfg.k}")
-        ids = self.encode(prompt)
-        return Stream(self._decode(ids, cfg))
+        eos = frozenset() if cfg.ignore_eos else frozenset(self.eos)
+        if messages is not None:
+            if prompt is not None:
+                raise ConfigError("give a prompt or messages, not both")
+            ids, eos = self.encode_chat(messages), eos | self._end_of_turn(cfg)
+        else:
+            ids = self.encode(prompt)
+        return Stream(self._decode(ids, cfg, eos))
+
+    def encode_chat(self, messages) -> list[int]:
+        """Messages -> token ids of the chat template's rendering, with the assistant's turn opened."""
+        if self.chat is None:
+            raise ConfigError("this bundle's tokenizer has no chat template; give a plain prompt, or export "
+                              "a model whose tokenizer has one")
+        text = self.chat.render(messages, add_generation_prompt=True)
+        return self.encode(self.tokenizer.encode(text, add_special_tokens=False).ids)
+
+    def _end_of_turn(self, cfg: GenerationConfig) -> frozenset:
+        token = self.chat.eos_token if self.chat and not cfg.ignore_eos else ""
+        tid = self.tokenizer.token_to_id(token) if token else None
+        return frozenset() if tid is None else frozenset([tid])
 
     def encode(self, prompt) -> list[int]:
         """Prompt (text or ids) -> checked token ids; ConfigError names what is wrong."""
@@ -268,18 +295,18 @@ class SpeculativeDecoder:
         return ids
 
     # -- the loop --------------------------------------------------------------------------------
-    def _decode(self, ids: list[int], cfg: GenerationConfig):
+    def _decode(self, ids: list[int], cfg: GenerationConfig, eos: frozenset):
         """_rounds holding the decoder: other threads' requests wait until this one ends or is closed."""
         with self._lock:
             self._owner = threading.get_ident()
             try:
-                return (yield from self._rounds(ids, cfg))
+                return (yield from self._rounds(ids, cfg, eos))
             finally:      # also when the stream is closed or dropped while paused, from whichever thread
                 self._owner = None
 
-    def _rounds(self, ids: list[int], cfg: GenerationConfig):
+    def _rounds(self, ids: list[int], cfg: GenerationConfig, eos: frozenset):
         """Speculative decoding, one round per iteration (Leviathan et al. 2023, Algorithm 1)."""
-        req = self._begin(ids, cfg)
+        req = self._begin(ids, cfg, eos)
         while req.finish is None:
             k = self._round_size(req)
             if k is None:
@@ -300,7 +327,7 @@ class SpeculativeDecoder:
                 yield piece
         return (yield from self._end(req))
 
-    def _begin(self, ids: list[int], cfg: GenerationConfig) -> "_Request":
+    def _begin(self, ids: list[int], cfg: GenerationConfig, eos: frozenset) -> "_Request":
         """Prefill (reusing the previous request's KV where the prompt shares a prefix with it) and
         start the proposers this request uses."""
         proposers = [p for p in self.proposers if p.enabled(cfg)] if cfg.speculative else []
@@ -313,7 +340,7 @@ class SpeculativeDecoder:
         stats.seconds_prefill = time.perf_counter() - t0
         return _Request(cfg=cfg, tokens=list(ids), prompt_len=len(ids), proposers=proposers, stats=stats,
                         rng=np.random.default_rng(cfg.seed), text=TextStream(self.tokenizer, cfg.stop),
-                        eos=frozenset() if cfg.ignore_eos else frozenset(self.eos), t0=time.perf_counter())
+                        eos=eos, t0=time.perf_counter())
 
     def _round_size(self, req: "_Request") -> int | None:
         """Drafts this round may propose: bounded by k, the token budget and the context; None ends

@@ -24,11 +24,12 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)     # 2 added the chat template; a version-1 bundle has none
 MANIFEST = "manifest.json"
 DTYPES = ("float32", "float16")
 
-from .errors import BundleError
+from .errors import BundleError, ConfigError
 
 
 def io_names(num_layers: int) -> tuple[list[str], list[str]]:
@@ -83,6 +84,8 @@ class Manifest:
     max_draft_tokens: int
     generation: dict = field(default_factory=dict)   # the source model's generation_config defaults
     prompts: str | None = None
+    chat_template: str | None = None   # the tokenizer's Jinja chat template (a file in the bundle), if any
+    chat_tokens: dict = field(default_factory=dict)   # bos_token / eos_token strings the template uses
     format_version: int = FORMAT_VERSION
     created_by: str = ""
 
@@ -111,9 +114,9 @@ class Manifest:
     @classmethod
     def from_dict(cls, d: dict) -> "Manifest":
         version = d.get("format_version")
-        if version != FORMAT_VERSION:
+        if version not in READABLE_VERSIONS:
             raise BundleError(f"bundle format version {version!r} is not supported (this specedge reads "
-                              f"version {FORMAT_VERSION}); re-export it with this version's spec-export")
+                              f"versions {', '.join(map(str, READABLE_VERSIONS))}); re-export it with this version's spec-export")
         try:
             models = {role: ModelInfo(**m) for role, m in d["models"].items()}
             return cls(**{**d, "models": models})
@@ -134,23 +137,27 @@ class Manifest:
         except json.JSONDecodeError as e:
             raise BundleError(f"{path} is not valid JSON ({e}); re-export the bundle") from e
         m = cls.from_dict(d)
-        files = [m.tokenizer] + [info.file for info in m.models.values()] + ([m.prompts] if m.prompts else [])
+        files = [m.tokenizer] + [info.file for info in m.models.values()] + [f for f in (m.prompts, m.chat_template) if f]
         missing = [f for f in files if not (folder / f).is_file()]
         if missing:
             raise BundleError(f"bundle {folder} is missing {', '.join(missing)}; re-export it with spec-export")
         return m
 
 
-def read_prompts(path: str | Path) -> list[str]:
-    """The prompts of a JSONL file (one object with a "prompt" a line: a bundle's prompts.jsonl)."""
+def read_prompts(path: str | Path, *, records: bool = False) -> list:
+    """The prompts of a JSONL file (one object with a "prompt" a line: a bundle's prompts.jsonl);
+    records=True: the whole objects instead (each with its "prompt" and whatever else its line holds,
+    e.g. "kind", "file")."""
     path = Path(path)
     prompts = []
     for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         if line.strip():
             try:
-                prompts.append(json.loads(line)["prompt"])
+                row = json.loads(line)
+                prompt = row["prompt"]
+                prompts.append(row if records else prompt)
             except (json.JSONDecodeError, KeyError, TypeError) as e:
-                raise ValueError(f"{path}:{i}: each line must be a JSON object with a 'prompt' ({e})") from e
+                raise ConfigError(f"{path}:{i}: each line must be a JSON object with a 'prompt' ({e})") from e
     if not prompts:
-        raise ValueError(f"{path} holds no prompts")
+        raise ConfigError(f"{path} holds no prompts")
     return prompts
