@@ -1,6 +1,6 @@
 """The narrow engine interface: one exported graph that owns its KV cache.
 
-The runtime only ever calls these three members (and reads `writes`), so an ONNX Runtime session,
+The runtime only ever uses these members (length, run, truncate, writes), so an ONNX Runtime session,
 a TensorRT plan or a test double are interchangeable.
 """
 from __future__ import annotations
@@ -28,7 +28,8 @@ class Engine(Protocol):
     def truncate(self, length: int) -> None:
         """Keep only the first `length` cached tokens (rollback: no recomputation)."""
 
-    # Optional: bumped by every run, truncate and reset. The decoder reuses a cache across requests
-    # (GenerationConfig.prefix_cache) only while it is unchanged since the last request ended: code
-    # that runs the engine directly in between cannot leave stale KV behind. Without it, no reuse.
     writes: int
+    """Bumped by every run (before it runs: a failed run leaves the cache unknown), truncate and
+    reset. The decoder reuses a cache across requests (GenerationConfig.prefix_cache) only while this
+    is unchanged since the last request ended, so code that runs the engine in between cannot leave
+    stale KV behind."""
