@@ -37,11 +37,13 @@ class KVCache:
         run does the work, if any."""
         self.length = length
 
-    def run(self, inputs: dict[str, np.ndarray], total: int, rows: int) -> np.ndarray:
+    def run(self, inputs: dict[str, np.ndarray], total: int, rows: int,
+            into: dict[str, np.ndarray] | None = None) -> np.ndarray:
         """Run the graph on `inputs` (input_ids [1, n], attention_mask [1, total], optional position_ids
         and logits_to_keep) on top of the cached positions and keep the new ones (length becomes
         `total`). Returns the logits [1, rows, vocab], `rows` being what the graph returns (n, or
-        logits_to_keep), in an array the next run does not overwrite. `inputs` may be extended."""
+        logits_to_keep), in an array the next run does not overwrite. `inputs` may be extended.
+        `into`: other outputs (e.g. hidden_states) written into the given host arrays."""
         raise NotImplementedError
 
     def _empty_array(self) -> np.ndarray:
@@ -69,13 +71,16 @@ class ConcatCache(KVCache):
         self._past = [self._empty_array()] * len(self.past_names)     # also frees the last run's presents
         self.length = 0
 
-    def run(self, inputs, total, rows):
+    def run(self, inputs, total, rows, into=None):
         past = self._past
         if past[0].shape[2] != self.length:     # rolled back: feed the kept prefix
             past = self._kept_prefix(past, self.length)
         inputs.update(zip(self.past_names, past))
-        out = self.session.run(self._outputs, inputs)
-        self._past = out[1:]                    # [1, heads, total, dim] each
+        extra = list(into or ())
+        out = self.session.run(self._outputs + extra, inputs)
+        for name, value in zip(extra, out[len(self._outputs):]):
+            np.copyto(into[name], value)
+        self._past = out[1:len(self._outputs)]  # [1, heads, total, dim] each
         self.length = total
         return out[0]
 
@@ -111,7 +116,7 @@ class DeviceCache(KVCache):
         self._past = [self._empty] * len(self.past_names)
         self.length = 0
 
-    def run(self, inputs, total, rows):
+    def run(self, inputs, total, rows, into=None):
         past, kept = self._past, self.length
         if past[0].shape()[2] != kept:      # rolled back: slice the kept prefix where it lives
             past = self._slicer(past, kept) if kept else [self._empty] * len(past)
@@ -121,9 +126,11 @@ class DeviceCache(KVCache):
         io.bind_output("logits", "cpu")     # the logits go to the host anyway
         for name in self.present_names:     # re-bound every run: the shapes change
             io.bind_output(name, *self.device)
+        for name, dest in (into or {}).items():
+            io.bind_ortvalue_output(name, self._ort.OrtValue.ortvalue_from_numpy(dest))
         self.session.run_with_iobinding(io)
         out = io.get_outputs()
-        self._past = out[1:]
+        self._past = out[1:1 + len(self.present_names)]
         self.length = total
         return out[0].numpy()
 
@@ -157,8 +164,10 @@ class InPlaceCache(KVCache):
 
     # reset / rewind: only `length` moves; positions past the mask's length are never read
 
-    def run(self, inputs, total, rows):
+    def run(self, inputs, total, rows, into=None):
         io = _bind_inputs(self._io, inputs)
+        for name, dest in (into or {}).items():     # host arrays the graph writes into directly
+            io.bind_ortvalue_output(name, self._ort.OrtValue.ortvalue_from_numpy(dest))
         bound = self._logits is not None and rows <= MAX_BOUND_ROWS
         if bound and self._bound_rows != rows:
             if rows not in self._views:      # [:, :rows] of a C-ordered [1, R, vocab] array is contiguous

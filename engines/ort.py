@@ -120,6 +120,13 @@ class OrtEngine:
             raise EngineError(f"{path} lacks outputs {missing[:4]}; re-export it with spec-export")
         self.has_position_ids = "position_ids" in inputs
         self.has_logits_to_keep = "logits_to_keep" in inputs    # see specedge.export.heads
+        # graphs that also return their final hidden states (a hidden-state draft head reads the target's,
+        # and returns its own prediction): kept per position in `features`, valid up to `length`
+        hidden = next((o for o in self.session.get_outputs() if o.name == "hidden_states"), None)
+        self.hidden_size = hidden.shape[-1] if hidden is not None and isinstance(hidden.shape[-1], int) else None
+        if hidden is not None and self.hidden_size is None:
+            raise EngineError(f"{path}: its hidden_states output has no fixed width; re-export the bundle")
+        self.features = np.empty((0, self.hidden_size or 0), dtype=np.float32)
         logits = self.session.get_outputs()[outputs.index("logits")]
         logits_dim = logits.shape[-1]
         self.vocab_size = int(vocab_size or logits_dim)
@@ -164,7 +171,10 @@ class OrtEngine:
         self.writes += 1
         self._kv.rewind(length)
 
-    def run(self, ids: np.ndarray, *, keep: int | None = None) -> np.ndarray:
+    def run(self, ids: np.ndarray, *, keep: int | None = None, inputs: dict | None = None) -> np.ndarray:
+        """Append `ids` and return the logits of the last `keep` (module docstring of engines.base).
+        `inputs`: further graph inputs, e.g. hidden_states [1, n, hidden] for a hidden-state draft head."""
+        extra_inputs = inputs
         ids = np.asarray(ids, dtype=np.int64).reshape(1, -1)         # [1, n]
         self.writes += 1            # first: a run that fails leaves the cache's content unknown
         past, n = self._kv.length, ids.shape[1]
@@ -182,8 +192,17 @@ class OrtEngine:
             if keep not in self._keep:
                 self._keep[keep] = np.array([keep], dtype=np.int64)
             inputs["logits_to_keep"] = self._keep[keep]
+        if extra_inputs:
+            inputs.update(extra_inputs)
+        into = None
+        if self.hidden_size:
+            if len(self.features) < total:     # grows by doubling, within max_context
+                grown = np.empty((min(self.max_context, max(2 * total, 64)), self.hidden_size), np.float32)
+                grown[:past] = self.features[:past]
+                self.features = grown
+            into = {"hidden_states": self.features[None, past:total]}
         try:
-            logits = self._kv.run(inputs, total, keep if self.has_logits_to_keep else n)
+            logits = self._kv.run(inputs, total, keep if self.has_logits_to_keep else n, into)
         except Exception as e:  # onnxruntime's own classes (Fail, RuntimeException: OOM, ...)
             raise self._failed(e, total) from e
         return logits[0, -keep:, :self.vocab_size]                   # [keep, vocab]

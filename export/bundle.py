@@ -99,9 +99,34 @@ def generation_defaults(folder: Path) -> tuple[list[int], dict]:
     return eos_ids, {k: gen[k] for k in GENERATION_KEYS if k in gen}
 
 
+def draft_kind(folder: Path) -> str:
+    """"eagle" for a hidden-state draft head folder (specedge.export.eagle), else "causal_lm"."""
+    from .eagle import KIND
+    return "eagle" if _json(Path(folder) / "config.json").get("model_type") == KIND else "causal_lm"
+
+
+def export_head_model(src: Path, dst: Path, *, role: str, k: int, max_context: int | None, quiet: bool = False,
+                      origin: Path | None = None, **_) -> ModelInfo:
+    """A hidden-state draft head: its graph reads the target's hidden states (always the torch exporter)."""
+    from .eagle import export_eagle_one
+    t0 = time.perf_counter()
+    dst.mkdir(parents=True)
+    with phase(f"[{role}] export the hidden-state head {src}", quiet):
+        dims, parity, inputs, outputs = export_eagle_one(src, dst, k=k, max_context=max_context, quiet=quiet)
+    worst = max(d["max_rel_diff"] for d in parity.values())
+    if not worst <= PARITY_BOUND["fp32"]:
+        raise ExportError(f"{role}: ONNX Runtime and PyTorch disagree on the draft head (max relative difference "
+                          f"{worst:.2e}); please report it (parity: {parity})")
+    shutil.copy2(src / "config.json", dst / "config.json")
+    dims.pop("max_positions"), dims.pop("hidden_size")
+    return ModelInfo(file=f"{role}/model.onnx", inputs=inputs, outputs=outputs, parity=parity,
+                     export_seconds=round(time.perf_counter() - t0, 2), source=str(Path(origin or src).resolve()),
+                     opset=20, builder="torch", weights="fp32", kind="eagle", **{**dims, "dtype": "float32"})
+
+
 def export_one(src: Path, dst: Path, *, role: str, dtype: str, max_context: int | None, k: int,
                allow_pickle: bool, opset: int, builder: str = "torch", quiet: bool = False,
-               origin: Path | None = None) -> ModelInfo:
+               origin: Path | None = None, hidden: bool = False) -> ModelInfo:
     from .genai import export_genai
     from .graph import export_onnx
     from .heads import KEEP, add_logits_to_keep
@@ -120,6 +145,12 @@ def export_one(src: Path, dst: Path, *, role: str, dtype: str, max_context: int 
             inputs, outputs = io_names(dims["num_layers"])
         if add_logits_to_keep(dst / "model.onnx") and KEEP not in inputs:
             inputs = [*inputs, KEEP]
+        if hidden:     # a hidden-state draft head reads the target's final hidden states
+            from .heads import HIDDEN, add_hidden_output
+            if not add_hidden_output(dst / "model.onnx", width=model.config.hidden_size, half=dtype == "fp16"):
+                raise ExportError(f"{role}: cannot find the LM head in the graph to output its hidden states; "
+                                  f"use a draft model instead of a hidden-state head")
+            outputs = [*outputs, HIDDEN]
     with phase(f"[{role}] parity ONNX Runtime vs PyTorch", quiet):
         try:
             parity = measure(model, dst / "model.onnx", vocab_size=dims["vocab_size"], k=k,
@@ -182,6 +213,25 @@ def staged(out: Path, *, overwrite: bool):
             tmp.rename(out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+EXPORTERS = {"causal_lm": export_one, "eagle": export_head_model}
+
+
+def head_check(folder: Path, max_context: int | None) -> dict:
+    """What can be refused about a draft head folder before any heavy work; its dims."""
+    from .eagle import head_dims
+    if not (Path(folder) / "model.safetensors").is_file():
+        raise ExportError(f"{folder} is a draft head folder without model.safetensors; re-train or re-save it")
+    try:
+        dims = head_dims(folder)
+    except (KeyError, TypeError, ValueError) as e:
+        raise ExportError(f"{folder}/config.json is not a draft head's config ({e})") from e
+    limit = dims["max_positions"]
+    context = max_context or min(limit, 4096)
+    if context > limit:
+        raise ExportError(f"--max-context {context} exceeds the draft head's position limit of {limit}")
+    return {**dims, "max_context": context}
 
 
 def _check_prompts(path: Path) -> None:
@@ -254,11 +304,14 @@ def _export_folders(*, target: Path, draft: Path | None, out: Path, origins: dic
         if d in QUANTIZED and builder != "genai":
             raise ExportError(f"{flag} {d} needs --builder genai (onnxruntime-genai's MatMulNBits graphs)")
     # fail fast: every refusal before any heavy work
-    dims = {role: check_source(src, dtype=_reference_dtype(dtypes[role]), max_context=max_context,
-                               allow_pickle=allow_pickle)
+    kinds = {role: draft_kind(src) for role, src in sources.items()}
+    if kinds["target"] != "causal_lm":
+        raise ExportError(f"{target} is a draft head (it reads a target's hidden states); pass it as --draft")
+    dims = {role: head_check(src, max_context) if kinds[role] == "eagle" else
+            check_source(src, dtype=_reference_dtype(dtypes[role]), max_context=max_context, allow_pickle=allow_pickle)
             for role, src in sources.items()}
     for role, d in dims.items():
-        if builder == "genai" and d["head_dim"] % 16:
+        if builder == "genai" and kinds[role] == "causal_lm" and d["head_dim"] % 16:
             raise ExportError(f"{role}: {sources[role]} has head_dim {d['head_dim']}, and onnxruntime's "
                               f"GroupQueryAttention (the attention of --builder genai graphs) needs a multiple "
                               f"of 16; export it with --builder torch")
@@ -276,9 +329,10 @@ def _export_folders(*, target: Path, draft: Path | None, out: Path, origins: dic
                           f"the tokenizer does not belong to these models")
     eos_ids, generation = generation_defaults(sources["target"])
     with staged(Path(out), overwrite=overwrite) as tmp:     # refuses an existing --out before any work
-        models = {role: export_one(src, tmp / role, role=role, dtype=dtypes[role], max_context=max_context, k=k,
-                                   allow_pickle=allow_pickle, opset=opset, builder=builder, quiet=quiet,
-                                   origin=origins[role])
+        hidden = kinds.get("draft") == "eagle"
+        models = {role: EXPORTERS[kinds[role]](src, tmp / role, role=role, dtype=dtypes[role], max_context=max_context,
+                                               k=k, allow_pickle=allow_pickle, opset=opset, builder=builder,
+                                               quiet=quiet, origin=origins[role], hidden=hidden and role == "target")
                   for role, src in sources.items()}
         (tmp / "tokenizer.json").write_text(toks["target"], encoding="utf-8")
         template, chat_tokens = chat_template(sources["target"])

@@ -63,3 +63,17 @@ def speculation_pays(dec, prompt: list[int], *, max_k: int) -> tuple[bool, str]:
     why = (f"a draft step costs {costs['c']:.2f} target steps, a {k + 1}-token verify {costs['r'][k]:.2f}, and "
            f"alpha was {costs['alpha']:.2f}: the best k ({k}) would run at {bound:.2f}x target-only decoding")
     return bound >= GUARD_MIN_BOUND, why
+
+
+def per_call_costs(plain, spec) -> dict:
+    """c and r from engine time per call as the loop made the calls: the target's 1-token step from
+    target-only decoding (`plain`), the draft's step and the verify from speculative decoding (`spec`).
+    Each is a Stats or a mapping of its fields seconds_target, target_calls, seconds_draft, draft_calls,
+    one request's or sums over several (pooled: a ratio of sums, not a mean of ratios)."""
+    from collections.abc import Mapping
+    get = lambda s, name: s[name] if isinstance(s, Mapping) else getattr(s, name)
+    step = max(get(plain, "seconds_target") / max(1, get(plain, "target_calls")), 1e-12)
+    draft = get(spec, "seconds_draft") / max(1, get(spec, "draft_calls"))
+    verify = get(spec, "seconds_target") / max(1, get(spec, "target_calls"))
+    return {"target_step_ms": 1e3 * step, "draft_step_ms": 1e3 * draft, "verify_ms": 1e3 * verify,
+            "c": draft / step, "r": verify / step}

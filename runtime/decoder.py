@@ -15,7 +15,7 @@ from .chat import ChatTemplate
 from .errors import BusyError
 from .manifest import BundleError, Manifest, read_prompts
 from .prefix import PrefixCache
-from .proposers import DraftModel, PromptLookup, Proposal
+from .proposers import DraftModel, HiddenStateHead, PromptLookup, Proposal
 from .sampling import accept, accept_greedy, greedy_tokens, probs
 from .text import TextStream
 
@@ -132,13 +132,17 @@ class Stream:
 
 class SpeculativeDecoder:
     def __init__(self, *, target, draft, tokenizer, vocab_size: int, eos_token_ids=(), max_context: int,
-                 max_draft_tokens: int, config: GenerationConfig = GenerationConfig()):
+                 max_draft_tokens: int, config: GenerationConfig = GenerationConfig(), draft_kind: str = "causal_lm"):
         self.target, self.draft, self.tokenizer = target, draft, tokenizer
         self.vocab_size = vocab_size
         self.eos = set(int(e) for e in eos_token_ids)
         self.max_context = max_context
         self.max_draft_tokens = max_draft_tokens
         self.config = config
+        self.draft_kind = draft_kind             # "eagle": the draft is a head fed the target's hidden states
+        if draft is not None and draft_kind == "eagle" and not getattr(target, "hidden_size", None):
+            raise BundleError("the draft is a hidden-state head but the target graph has no hidden_states output; "
+                              "re-export the pair with spec-export")
         self.draft_note: str | None = None       # why from_bundle dropped the draft model, if it did
         self.chat: ChatTemplate | None = None    # the tokenizer's chat template, when the bundle has one
         self.prefix = PrefixCache()
@@ -150,7 +154,9 @@ class SpeculativeDecoder:
         """Who drafts, in the order the loop asks them each round: prompt lookup (free when it finds a
         match), then the draft model."""
         found = [PromptLookup(vocab_size=self.vocab_size, capacity=self.max_context)]
-        if self.draft is not None:
+        if self.draft is not None and self.draft_kind == "eagle":
+            found.append(HiddenStateHead(self.draft, target=self.target, vocab_size=self.vocab_size, prefix=self.prefix))
+        elif self.draft is not None:
             found.append(DraftModel(self.draft, vocab_size=self.vocab_size, prefix=self.prefix))
         return found
 
@@ -215,7 +221,8 @@ class SpeculativeDecoder:
             config = replace(config, speculative=False)
         dec = cls(target=engines["target"], draft=engines.get("draft"), tokenizer=tokenizer,
                   vocab_size=m.vocab_size, eos_token_ids=m.eos_token_ids, max_context=m.max_context,
-                  max_draft_tokens=m.max_draft_tokens, config=config)
+                  max_draft_tokens=m.max_draft_tokens, config=config,
+                  draft_kind=m.models["draft"].kind if "draft" in m.models else "causal_lm")
         if m.chat_template:
             tokens = {k: v for k, v in m.chat_tokens.items() if k in ("bos_token", "eos_token") and isinstance(v, str)}
             dec.chat = ChatTemplate((path / m.chat_template).read_text(encoding="utf-8"), **tokens)

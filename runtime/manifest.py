@@ -59,6 +59,7 @@ class ModelInfo:
     opset: int = 20           # ONNX opset: 23 (fused ops) needs onnxruntime >= 1.22; 0 = the builder's choice
     builder: str = "torch"    # "torch" (torch.onnx dynamo) or "genai" (onnxruntime-genai's model builder)
     weights: str = "fp32"     # weight precision: fp32, fp16 or int4 (genai builder only)
+    kind: str = "causal_lm"   # "eagle": a hidden-state draft head, fed the target's hidden_states
 
     @property
     def kv_in_place(self) -> bool:

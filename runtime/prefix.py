@@ -14,19 +14,25 @@ class PrefixCache:
     def __init__(self):
         self._held: dict[str, tuple[list[int], int]] = {}    # name -> (tokens its cache holds, writes then)
 
+    def reusable(self, name: str, engine, ids: list[int], cfg, *, offset: int = 0) -> int:
+        """How many of `engine`'s cached positions a request for `ids` may keep (its record is used up).
+        `offset`: position j of the cache depends on tokens up to j + offset."""
+        held, writes = self._held.pop(name, (None, None))
+        if not (cfg.prefix_cache and held and writes == engine.writes):
+            return 0
+        return max(0, common_prefix(held, ids, limit=min(engine.length + offset, len(ids) - 1)) - offset)
+
     def restore(self, name: str, engine, ids: list[int], cfg) -> int:
         """Leave `engine` holding ids[:-1] (the invariant: a cache holds all committed tokens but the
         last); return how many of them were reused."""
-        held, writes = self._held.pop(name, (None, None))
-        fresh = cfg.prefix_cache and held and writes == engine.writes
-        keep = common_prefix(held, ids, limit=min(engine.length, len(ids) - 1)) if fresh else 0
+        keep = self.reusable(name, engine, ids, cfg)
         engine.truncate(keep)
         for s in range(keep, len(ids) - 1, cfg.prefill_chunk):
             engine.run(np.asarray(ids[s:min(s + cfg.prefill_chunk, len(ids) - 1)]), keep=1)
         return keep
 
-    def record(self, name: str, engine, tokens: list[int]) -> None:
-        self._held[name] = (tokens[:engine.length], engine.writes)
+    def record(self, name: str, engine, tokens: list[int], *, offset: int = 0) -> None:
+        self._held[name] = (tokens[:engine.length + offset], engine.writes)
 
 
 def common_prefix(a: list[int], b: list[int], *, limit: int) -> int:

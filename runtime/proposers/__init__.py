@@ -5,6 +5,7 @@ proposer means adding a file here and listing it in SpeculativeDecoder, never to
 """
 from .base import Proposal, Proposer
 from .draft_model import DraftModel
+from .hidden_head import HiddenStateHead
 from .prompt_lookup import PromptLookup
 
-__all__ = ["DraftModel", "PromptLookup", "Proposal", "Proposer"]
+__all__ = ["DraftModel", "HiddenStateHead", "PromptLookup", "Proposal", "Proposer"]

@@ -29,11 +29,10 @@ class DraftModel:
         params, greedy = cfg.sampling, cfg.sampling.greedy
         drafts: list[int] = []
         q = np.empty((0 if greedy else k, self.vocab_size), dtype=np.float32)   # [k, vocab]
-        feed = tokens[self.engine.length:]    # 1 token; more after a bonus token or lookup rounds
         reach = 1.0
         for i in range(k):
             t0 = time.perf_counter()
-            logits = self.engine.run(np.asarray(feed), keep=1)                  # [1, vocab]
+            logits = self._next(drafts[-1]) if drafts else self._first(tokens)    # [1, vocab]
             stats.seconds_draft += time.perf_counter() - t0
             stats.draft_calls += 1
             if greedy:       # a point mass at the argmax: q is never materialised
@@ -44,10 +43,17 @@ class DraftModel:
                 q[i] = probs(logits, params, history=tokens, drafts=drafts, first=i)[0]
                 drafts.append(sample(q[i], rng))
                 reach *= q[i].max()
-            feed = drafts[-1:]
             if reach < cfg.draft_confidence:
                 break
         return Proposal(drafts, q[:len(drafts)], self.name) if drafts else None
+
+    def _first(self, tokens: list[int]) -> np.ndarray:
+        """The logits after the committed tokens: the cache catches up (1 token; more after a bonus
+        token or rounds another proposer drafted)."""
+        return self.engine.run(np.asarray(tokens[self.engine.length:]), keep=1)
+
+    def _next(self, token: int) -> np.ndarray:
+        return self.engine.run(np.asarray([token]), keep=1)
 
     def commit(self, tokens: list[int], new: int) -> None:
         self.engine.truncate(min(self.engine.length, len(tokens) - 1))
