@@ -9,7 +9,7 @@ from typing import Protocol
 
 import numpy as np
 
-from specedge.runtime.errors import EngineError
+from specedge.runtime.errors import EngineError  # noqa: F401  (engines raise it; re-exported)
 
 
 class Engine(Protocol):

@@ -31,13 +31,12 @@ from pathlib import Path
 
 import numpy as np
 
-from specedge.engines.base import EngineError
 
 from .config import ConfigError, SamplingParams
 from .errors import SpecedgeError
 from .files import write_atomic
 from .gof import MIN_EXPECTED, chi2_fit, accept_law
-from .manifest import BundleError, Manifest, read_prompts
+from .manifest import Manifest, read_prompts
 from .sampling import accept, probs
 
 TIE_SLACK = 4.0      # a divergence is put down to numerics where the target's top-2 margin is within
@@ -173,9 +172,11 @@ def engine_numerics(engine, ids: list[int], cont: list[int]) -> dict:
 
 def check_numerics(dec, ids: list[int], *, k: int) -> dict:
     """The target's argmax must not depend on how a position is batched (greedy identity rests on it);
-    the draft's figures are reported only: accept() reads the very q the draft produced."""
+    the draft's figures are reported only: accept() reads the very q the draft produced. A hidden-state
+    head is fed the target's features, not tokens alone: its numerics are the export's parity figures."""
     cont = _greedy(dec, ids, k, speculative=False).token_ids
-    out = {role: engine_numerics(e, ids, cont) for role, e in (("target", dec.target), ("draft", dec.draft))
+    draft = dec.draft if dec.draft_kind != "eagle" else None
+    out = {role: engine_numerics(e, ids, cont) for role, e in (("target", dec.target), ("draft", draft))
            if e is not None}
     return {"passed": out["target"]["argmax_equal"], "k": k, **out}
 
