@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.quick:
         args.n_prompts, args.ks, args.max_new_tokens, args.repeats = 3, "2,4,6", 48, 2
-    from specedge.runtime import ConfigError, GenerationConfig, Manifest, SpeculativeDecoder
+    from specedge.runtime import BundleError, ConfigError, GenerationConfig, Manifest, SpeculativeDecoder
     from specedge.runtime.errors import SpecedgeError
     try:
         if args.n_prompts < 1 or args.repeats < 1 or args.max_new_tokens < 1:

@@ -17,6 +17,7 @@ def test_leviathan_bound():
     assert ours.leviathan_bound(alpha, k, r, c) == pytest.approx((1 - alpha ** 5) / (1 - alpha) / (r + k * c))
 
 
+@pytest.mark.slow
 def test_quick_bench_writes_every_figure(pair_bundles, tmp_path, capsys):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ("def f(x):", "import os", "x = [")))

@@ -31,6 +31,7 @@ def test_first_divergence():
     assert first_divergence([1, 2, 3], [1, 2]) == 2
 
 
+@pytest.mark.slow
 def test_certificate_on_exact_bundles(pair_bundles):
     """Both tiny pairs (a draft that mostly agrees, one that never does) certify exact: every greedy
     mode matches target-only output, the sampling test passes, and the certificate names its bundle."""
@@ -127,6 +128,7 @@ def test_cli_missing_bundle_and_prompts(tmp_path, pair_bundles, capsys):
     assert "--prompts-file" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_target_only_bundle_checks_lookup_or_refuses(tmp_path, llama_target):
     """Without a draft model the speculative path is prompt lookup: checked with --lookup, refused
     without; a one-token prompt is fine for the numerics check (nothing to prefill before it)."""

@@ -16,6 +16,7 @@ from specedge.runtime.manifest import FORMAT_VERSION, Manifest
 CASES = ("prefill", "decode", "verify", "rollback")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("opset", [20, 23])
 @pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2", "qwen3", "phi3", "gpt2"])
 def test_architecture_parity(arch, opset, tmp_path):
@@ -39,6 +40,7 @@ def test_architecture_parity(arch, opset, tmp_path):
     assert dims[0] and dims[2] and not dims[1] and not dims[3]   # batch, past dynamic; heads, head_dim fixed
 
 
+@pytest.mark.slow
 def test_pair_cli_and_manifest_round_trip(tmp_path, llama_target, llama_drafts):
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text('{"prompt": "def f(x):", "kind": "function"}\n')
@@ -61,6 +63,7 @@ def test_pair_cli_and_manifest_round_trip(tmp_path, llama_target, llama_drafts):
     assert not [p for p in tmp_path.iterdir() if ".partial-" in p.name]
 
 
+@pytest.mark.slow
 def test_fp16_weights_export_as_fp32(tmp_path):
     src = make_model(tmp_path / "half", "llama", seed=3, dtype="float16")
     m = export_bundle(target=src, draft=None, out=tmp_path / "b", k=2, max_context=64, quiet=True)
@@ -119,6 +122,7 @@ def test_vocab_mismatch_names_sizes_and_token(tmp_path, llama_target):
     assert not (tmp_path / "b").exists()
 
 
+@pytest.mark.slow
 def test_padded_embedding_rows_are_allowed(tmp_path, llama_target):
     """Qwen-style padding: logits wider than the tokenizer, and of different widths in the pair."""
     wide = make_model(tmp_path / "wide", "llama", seed=9, vocab=384, layers=1, hidden=32)
@@ -137,6 +141,7 @@ def test_failure_halfway_leaves_nothing(tmp_path, llama_target, monkeypatch):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_overwrite_replaces_bundle(tmp_path, llama_target):
     out = tmp_path / "b"
     export_bundle(target=llama_target, draft=None, out=out, k=2, max_context=64, quiet=True)
@@ -145,6 +150,7 @@ def test_overwrite_replaces_bundle(tmp_path, llama_target):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["b"]
 
 
+@pytest.mark.slow
 def test_fp16_export_runs_in_the_runtime(tmp_path, llama_target):
     from specedge.runtime import SpeculativeDecoder
     out = tmp_path / "half"
@@ -156,6 +162,7 @@ def test_fp16_export_runs_in_the_runtime(tmp_path, llama_target):
     assert len(res.token_ids) == 5
 
 
+@pytest.mark.slow
 def test_batch_is_dynamic(tmp_path, llama_target):
     """The graph runs batch 2 with a past, matching PyTorch row by row."""
     import numpy as np
@@ -196,6 +203,7 @@ def test_pair_refusals_come_before_any_export(tmp_path, llama_target, monkeypatc
         export_bundle(target=llama_target, draft=small, out=tmp_path / "b", quiet=True)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["fp32", "int4"])
 def test_genai_builder_graphs_run_in_our_runtime(tmp_path, llama_target, llama_drafts, dtype):
     """onnxruntime-genai's fused graphs (no position_ids, symbolic head_dim) under our manifest; the fp32
@@ -274,6 +282,7 @@ def test_overwrite_never_deletes_a_folder_that_is_not_a_bundle(tmp_path, llama_t
     assert (precious / "notes.txt").read_text() == "keep me"
 
 
+@pytest.mark.slow
 def test_bundle_is_readable_by_others_and_config_errors_are_clear(tmp_path, llama_target):
     import os
     import stat

@@ -140,3 +140,16 @@ def test_bad_gguf_files_are_one_error(tmp_path, capsys):
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and why in err[0], err
         assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+def test_cli_chat_renders_the_template(gguf_bundle, capsys):
+    args = [str(gguf_bundle), "--chat", "Hi there", "--system", "Be brief.", "--max-new-tokens", "6", "--threads", "1",
+            "--json", "--no-speculation"]
+    assert run_main(args) == 0
+    got = json.loads(capsys.readouterr().out)
+    dec = SpeculativeDecoder.from_bundle(gguf_bundle, threads=1, speculative=False)
+    want = dec.generate(messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}],
+                        max_new_tokens=6)
+    assert got["token_ids"] == want.token_ids and got["stats"]["prompt_tokens"] == want.stats.prompt_tokens
+    assert run_main([str(gguf_bundle), "--system", "x", "--threads", "1"]) == 2       # --system needs --chat

@@ -121,18 +121,23 @@ def test_a_stream_and_generate_from_two_threads_both_complete(decoders):
     """A stream being read in one thread holds the engines: another thread's generate() waits for it
     (it does not break it), and a stream that is closed early lets the waiting request go at once."""
     import threading
-    import time
     dec, ref = decoders
     want_p, want_q = fresh(ref, P, **GREEDY).token_ids, fresh(ref, Q, **GREEDY).token_ids
     stream, got = dec.stream(P, **GREEDY), {}
     pieces = iter(stream)
     next(pieces)                                          # the stream holds the engines from here
-    worker = threading.Thread(target=lambda: got.setdefault("q", dec.generate(Q, **GREEDY).token_ids))
+    asking = threading.Event()
+
+    def ask_q():
+        asking.set()
+        got.setdefault("q", dec.generate(Q, **GREEDY).token_ids)
+    worker = threading.Thread(target=ask_q)
     worker.start()
-    time.sleep(0.3)
+    assert asking.wait(timeout=30)
+    worker.join(timeout=0.3)                              # it cannot finish while the stream holds the engines
     assert worker.is_alive() and "q" not in got           # waiting, not interleaving
     for _ in pieces:
-        time.sleep(0.01)
+        worker.join(timeout=0.01)                         # room to cut in between pieces (it must not)
     worker.join(timeout=30)
     assert stream.result.token_ids == want_p and got["q"] == want_q
     stream = dec.stream(P, **GREEDY)

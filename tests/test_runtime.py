@@ -29,6 +29,7 @@ def _near_tie(dec, ids, pos) -> float:
     return float(top2[1] - top2[0])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("draft", ["agree", "disagree"])
 def test_greedy_identity_every_k(decoders, draft):
     dec = decoders[draft]
@@ -42,7 +43,7 @@ def test_greedy_identity_every_k(decoders, draft):
                 i = next(j for j, (a, b) in enumerate(zip(spec.token_ids, plain.token_ids)) if a != b)
                 gap = _near_tie(dec, list(prompt) + plain.token_ids[:i], i)
                 assert gap < 1e-5, f"k={k}: diverged at token {i} with top-2 gap {gap} (not a near-tie)"
-                pytest.skip(f"near-tie divergence at token {i} (gap {gap:.1e})")
+                continue              # a near-tie flipped by numerics: the remaining cases still run
             assert spec.stats.target_calls < len(spec.token_ids) or k == 1 or draft == "disagree"
             full_rounds += spec.stats.accepted_hist[k] if conf == 0 else 0
     if draft == "agree":

@@ -5,60 +5,15 @@ decoding, stream it, and report acceptance and the speedup over target-only deco
 """
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from demo_pair.demo_bundle import ROOT, ensure_bundle, load_demo_config   # tools/demo_pair/demo_bundle.py
+
 CACHE = Path.home() / ".cache" / "specedge"
 DEFAULT_PROMPT = "def binary_search(items, target):\n    "
-
-
-def load_demo_config() -> dict:
-    try:
-        import tomllib
-    except ImportError:          # Python < 3.11
-        import tomli as tomllib
-    cfg = tomllib.loads((ROOT / "configs" / "demo.toml").read_text())
-    return {k: ROOT / v for k, v in cfg.items()}
-
-
-# The demo bundle's export settings, for every tool that exports the demo pair (demo, eval, bench).
-# onnxruntime-genai's builder (fused GroupQueryAttention / SkipSimplifiedLayerNorm graphs, fp32): on the
-# demo pair a target step took 1.77 ms against 2.01 ms for torch opset-23 graphs, a draft step 0.30 vs 0.37
-# (same machine, same run); both are exact fp32, parity-checked at export. The draft's weights are int8
-# (MatMulNBits): the output's law never depends on the draft, and on the 84 held-out prompts
-# (tools/eval_demo_pair.py, and with --draft-dtype fp32) its step in the loop fell from 0.154 to 0.107-0.111
-# target steps, alpha (K=4) 0.742 -> 0.739 greedy, 0.689 -> 0.682 at T=0.8; spec-bench greedy at the best
-# K: 1.10-1.11x -> 1.17-1.28x (four runs). int4 (30 prompts): c 0.094, but alpha 0.712 / 0.637.
-DEMO_EXPORT = {"k": 8, "max_context": 1024, "builder": "genai", "draft_dtype": "int8"}
-
-
-def source_key(*paths: Path, settings: dict = DEMO_EXPORT) -> str:
-    """Changes whenever a source file, the export settings or specedge's version change."""
-    from specedge.runtime import __version__
-    h = hashlib.sha256((__version__ + json.dumps(settings, sort_keys=True)).encode())
-    for path in paths:
-        for f in sorted(path.iterdir()) if path.is_dir() else [path]:
-            if f.is_file():
-                h.update(f.name.encode() + f.read_bytes())
-    return h.hexdigest()
-
-
-def ensure_bundle(bundle: Path, target: Path, draft: Path, prompts: Path | None, *,
-                  settings: dict = DEMO_EXPORT) -> bool:
-    """Export the pair into `bundle` unless it already holds exactly this export; True if reused."""
-    from specedge.export import export_bundle
-    key = source_key(target, draft, *([prompts] if prompts else []), settings=settings)
-    stamp = bundle / "source-key.txt"
-    if stamp.is_file() and stamp.read_text() == key:
-        return True
-    export_bundle(target=target, draft=draft, out=bundle, prompts=prompts, overwrite=True, **settings)
-    stamp.write_text(key)
-    return False
 
 
 def demo_sources() -> tuple[Path, Path, Path | None, bool]:
@@ -78,6 +33,7 @@ def demo_sources() -> tuple[Path, Path, Path | None, bool]:
 
 def main(argv: list[str]) -> int:
     from specedge.runtime import SpeculativeDecoder
+    from specedge.runtime.manifest import read_prompts
 
     target, draft, prompts, trained = demo_sources()
     if not trained:
@@ -88,7 +44,7 @@ def main(argv: list[str]) -> int:
         print(f"using cached bundle {bundle.relative_to(ROOT)}")
     prompt = argv[0] if argv else DEFAULT_PROMPT
     if not argv and prompts:
-        prompt = json.loads(prompts.read_text().splitlines()[0])["prompt"]
+        prompt = read_prompts(prompts)[0]
     dec = SpeculativeDecoder.from_bundle(bundle, threads=1, speculative=True)    # it measures the speedup
     settings = dict(max_new_tokens=96, temperature=0.0)      # the decoder's defaults for the rest
     for spec in (True, False):                 # warm-up: first calls pay one-time allocation costs

@@ -69,6 +69,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--eval", action="store_true", help="only measure the latest checkpoint")
+    ap.add_argument("--save-draft", type=Path, help="write the latest checkpoint as a draft folder spec-export "
+                    "reads (fp16 safetensors, config, the target's tokenizer) and exit")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -100,6 +102,14 @@ def main() -> None:
     if state is not None:
         opt.load_state_dict(state["opt"])
     log = args.work / "log.jsonl"
+    if args.save_draft:
+        from specedge.export.eagle import save_head
+        history = [json.loads(x) for x in log.read_text().splitlines()] if log.exists() else []
+        save_head(head, args.save_draft, tokenizer_json=(args.model / "tokenizer.json").read_text(encoding="utf-8"),
+                  extra={"training": {"steps": step, "batch": args.batch, "lr": args.lr, "unroll": args.unroll,
+                                      "noise": args.noise, "last_eval": history[-1] if history else None}})
+        print(f"draft head at step {step} -> {args.save_draft}")
+        return
     if args.eval or step >= args.steps:
         head.eval()
         print(json.dumps({"step": step, **chain_alpha(head, eval_seqs, head.vocab_map)}), flush=True)
@@ -126,6 +136,8 @@ def main() -> None:
             print(json.dumps({"step": step, "loss": round(float(loss), 4), **{k: round(v, 4) for k, v in parts.items()},
                               "lr": lr, "tok_s": round(seen / (time.time() - t0))}), flush=True)
         if step % args.save_every == 0 or step == args.steps:
+            if not eval_seqs:          # the held-out shards may have been written since the start
+                eval_seqs = load_sequences(shard_paths(args.data, held_out=True), args.max_len)
             head.eval()
             ev = chain_alpha(head, eval_seqs[:24], head.vocab_map)
             head.train()

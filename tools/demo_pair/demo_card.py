@@ -1,22 +1,15 @@
-"""The demo pair's model card (markdown), rendered from the figures tools/eval_demo_pair.py wrote.
+"""The demo pair's model card (markdown), rendered from the figures tools/demo_pair/eval_demo_pair.py wrote.
 
 The eval imports this file, not the other way: the settings come with the figures. Nothing is measured
-here: `python tools/eval_demo_pair.py --from-json models/eval.json` re-renders it.
+here: `python tools/demo_pair/eval_demo_pair.py --from-json models/eval.json` re-renders it.
 """
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+import recipe    # the recipe's constants are the card's to state
 
-
-def train_module():
-    """tools/train_demo_pair.py (not a package): its recipe constants are the card's to state."""
-    spec = importlib.util.spec_from_file_location("train_demo_pair", ROOT / "tools" / "train_demo_pair.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _rel(path: str) -> str:
@@ -106,9 +99,8 @@ def loop_cost_lines(lc: dict | None, sc: dict, threads: int) -> list[str]:
 
 def card(fig: dict) -> str:
     """The model card (markdown) from the figures this script wrote; nothing else is measured here."""
-    tm = train_module()
     K, TEMPERATURE, THREADS = (fig["settings"][key] for key in ("k", "temperature", "threads"))
-    CONTEXT = tm.CONTEXT
+    CONTEXT = recipe.CONTEXT
     data, models, ho, gen = fig["data"], fig["models"], fig["heldout"], fig["generation"]
     g, sc = gen["all"], fig["step_costs"]
     lines = ["# specedge demo pair: model card", "",
@@ -121,9 +113,9 @@ def card(fig: dict) -> str:
               f"- **Sources** (this machine's Python, `{data.get('stdlib')}`): the standard library's `.py` "
               "files outside `test/`, `tests/`, `idle_test/`, `site-packages/`; for training only, also the "
               "standard library's tests (`test/`, `idlelib/idle_test/`) and the `.py` sources of the installed "
-              f"packages {', '.join(f'`{p}`' for p in tm.EXTRA_PACKAGES)}.",
+              f"packages {', '.join(f'`{p}`' for p in recipe.EXTRA_PACKAGES)}.",
               f"- **Held-out split by file**: a stdlib (non-test) file is held out when sha256(its path under "
-              f"`Lib/`) mod 100 < {tm.HELD_OUT_PERCENT}. Held out: {data['files_heldout']} files, "
+              f"`Lib/`) mod 100 < {recipe.HELD_OUT_PERCENT}. Held out: {data['files_heldout']} files, "
               f"{data['bytes_heldout']:,} bytes, {data['tokens_heldout']:,} tokens "
               f"({data['bytes_heldout'] / data['tokens_heldout']:.3f} bytes/token). The held-out files are not "
               "in the training data, and the extra (test / package) code is never held out.",
@@ -131,8 +123,8 @@ def card(fig: dict) -> str:
               f"- **Training**: {data['files_train']:,} files, {data['bytes_train']:,} bytes, "
               f"{data['tokens_train']:,} tokens; half of every batch comes from the stdlib's own non-held-out "
               "sources, half from the whole training corpus.",
-              f"- **Tokenizer**: byte-level BPE (`tokenizers`), vocab {tm.VOCAB}, trained on the stdlib training "
-              f"files; special tokens {', '.join(f'`{s}`' for s in tm.SPECIALS)} (end-of-text also separates files).",
+              f"- **Tokenizer**: byte-level BPE (`tokenizers`), vocab {recipe.VOCAB}, trained on the stdlib training "
+              f"files; special tokens {', '.join(f'`{s}`' for s in recipe.SPECIALS)} (end-of-text also separates files).",
               "- **Prompts** (`prompts.jsonl`, from held-out files only): "
               + ", ".join(f"{n} {k}" for k, n in fig["prompt_counts"].items())
               + " (function openings: context + a `def` line; edits: context cut at a line inside a function body).",
@@ -171,12 +163,12 @@ def card(fig: dict) -> str:
     tvd_from = tvd if tvd.get("weight") else None
     lines += ["", "Steps and tokens are the last entry of each folder's `training_log.json` (the checkpoint's "
               "training state at packaging).", "",
-              f"- **Objective**: next-token cross-entropy, context {tm.CONTEXT}, batch 8 x {tm.CONTEXT} tokens, "
-              f"seed {tm.SEED}, bf16 autocast with fp32 master weights (the first 3.2 M target tokens of this run were "
+              f"- **Objective**: next-token cross-entropy, context {recipe.CONTEXT}, batch 8 x {recipe.CONTEXT} tokens, "
+              f"seed {recipe.SEED}, bf16 autocast with fp32 master weights (the first 3.2 M target tokens of this run were "
               "fp32). The draft is trained after the target, on the same kind of batches, with "
               "0.1 x cross-entropy + 0.9 x KL(target || draft) to the frozen target's distribution (distillation)"
               + (f", plus, from step {tvd_from['from']}, {tvd_from['weight']:g} x the total variation distance of the "
-                 f"two at temperature {tm.TVD_TEMPERATURE} (1 - alpha there); " if tvd_from else "; ") +
+                 f"two at temperature {recipe.TVD_TEMPERATURE} (1 - alpha there); " if tvd_from else "; ") +
               f"its tied embedding starts as the target's projected onto its top {d['config']['hidden_size']} principal "
               "directions (SVD), "
               "its other weights at random.",
@@ -189,11 +181,11 @@ def card(fig: dict) -> str:
 
     lines += ["## Reproduce", "", "```sh",
               ". .venv/bin/activate            # dev venv with torch + transformers (tools/dev.py)",
-              "python tools/train_demo_pair.py data"]
+              "python tools/demo_pair/train_demo_pair.py data"]
     ul = checkpoint(models, "target").get("unlikelihood")
     teachers = checkpoint(models, "draft").get("teachers") or []
     ul_at = teachers[1]["from"] if ul and len(teachers) > 1 else 0    # draft step from which it distils the fine-tune
-    ul_cmd = "python tools/train_demo_pair.py unlikelihood   # resumable; the draft's later stages distil from it"
+    ul_cmd = "python tools/demo_pair/train_demo_pair.py unlikelihood   # resumable; the draft's later stages distil from it"
     for role in ("target", "draft"):
         m = models[role]
         ck = m["training"]["checkpoint"]
@@ -214,18 +206,18 @@ def card(fig: dict) -> str:
                 for flag, value, joined in sorted(options, key=lambda o: o[2]):
                     if prev <= joined < start:                       # the option joins in this stage
                         if joined > prev:
-                            lines.append(f"python tools/train_demo_pair.py {role}{flags} --minutes M --threads 1 "
+                            lines.append(f"python tools/demo_pair/train_demo_pair.py {role}{flags} --minutes M --threads 1 "
                                          f"--until-step {joined}   # resumable: repeat until it stops there")
                             flags = ""
                         flags += f" {flag} {value:g}"
-                lines += [f"python tools/train_demo_pair.py {role}{flags} --minutes M --threads 1 "
+                lines += [f"python tools/demo_pair/train_demo_pair.py {role}{flags} --minutes M --threads 1 "
                           f"--until-step {start}   # resumable: repeat until it stops at step {start}",
-                          f"python tools/train_demo_pair.py cooldown --model {role} --steps {length}"]
+                          f"python tools/demo_pair/train_demo_pair.py cooldown --model {role} --steps {length}"]
                 prev = start + length
         else:
-            lines.append(f"python tools/train_demo_pair.py {role} --minutes M --threads 1   "
+            lines.append(f"python tools/demo_pair/train_demo_pair.py {role} --minutes M --threads 1   "
                          f"# resumable; the packaged {role} stopped at step {steps}")
-    lines += ["python tools/train_demo_pair.py package --out models/",
+    lines += ["python tools/demo_pair/train_demo_pair.py package --out models/",
               fig["command"], "```", "",
               "Run the commands in this order: the draft distils from whatever `target.pt` holds when it runs. Batches "
               "depend on the step alone, so a resumed run sees the data of an uninterrupted one; results agree up to "

@@ -1,11 +1,11 @@
 """Measure the demo pair's quality bars (issue 4) with specedge's own runtime on the demo bundle (target
-fp32, draft int8 weights: tools/demo.py's DEMO_EXPORT), and write every figure as JSON plus the model card
-(markdown beside the weights).
+fp32, draft int8 weights: demo_bundle.py's DEMO_EXPORT, as tools/demo.py exports it), and write every
+figure as JSON plus the model card (markdown beside the weights).
 
-    python tools/eval_demo_pair.py [--models models] [--bundle bundles/demo] [--work ~/.cache/specedge/demo]
+    python tools/demo_pair/eval_demo_pair.py [--models models] [--bundle bundles/demo] [--work ~/.cache/specedge/demo]
                                    [--json models/eval.json] [--card models/MODEL_CARD.md]
                                    [--windows 64] [--prompts N] [--max-new-tokens 64] [--draft-dtype fp32]
-    python tools/eval_demo_pair.py --from-json models/eval.json --card models/MODEL_CARD.md   # card only
+    python tools/demo_pair/eval_demo_pair.py --from-json models/eval.json --card models/MODEL_CARD.md   # card only
 
 Steps:
 1. export the pair (--models/target, --models/draft, --models/prompts.jsonl) into --bundle with the demo's
@@ -13,7 +13,7 @@ Steps:
    reuse the bundle when it holds exactly that export;
 2. held-out next-token loss (nats/token), top-1 accuracy and bits per byte of BOTH graphs, run by
    OrtEngine over fixed non-overlapping 256-token windows of heldout.bin (the windows of
-   train_demo_pair.evaluate; bytes per token from data.json);
+   recipe.evaluate; bytes per token from data.json);
 3. on the held-out prompts: alpha / acceptance rate / tokens per target call at K=4 greedy and at
    temperature 0.8 (seeded), the target's greedy continuations' distinct-token ratio (the "not loops"
    bar), whether speculative greedy reproduces target-only greedy, c and r(4) as the loops made the calls
@@ -31,7 +31,6 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
 import argparse  # noqa: E402
-import importlib.util  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
 import platform  # noqa: E402
@@ -45,10 +44,15 @@ from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 
+from specedge.runtime.costs import per_call_costs  # noqa: E402
 from specedge.runtime.files import write_atomic  # noqa: E402
+from specedge.runtime.manifest import read_prompts  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from demo_card import ROOT, card, train_module  # noqa: E402  (the card's rendering; this file measures)
+# sibling modules (this folder is on sys.path when the script runs)
+import demo_bundle  # noqa: E402  (the demo bundle's one export path and settings, shared with tools/demo.py)
+from demo_bundle import ROOT  # noqa: E402
+from demo_card import card  # noqa: E402  (the card's rendering; this file measures)
+from recipe import extra_files  # noqa: E402
 
 CONTEXT = 256            # the training context; windows are CONTEXT + 1 tokens
 K = 4
@@ -72,15 +76,13 @@ def log(msg: str) -> None:
 
 # -- 1. the bundle -----------------------------------------------------------------------------------
 def ensure_bundle(bundle: Path, target: Path, draft: Path, prompts: Path, draft_dtype: str | None) -> dict:
-    """The demo bundle, exported (or reused) by tools/demo.py's one export path and settings."""
-    spec = importlib.util.spec_from_file_location("specedge_demo", ROOT / "tools" / "demo.py")
-    demo = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(demo)
+    """The demo bundle, exported (or reused) by the one export path and settings of tools/demo.py
+    (demo_bundle.py)."""
     import torch
     torch.set_num_threads(THREADS)
     t0 = time.perf_counter()
-    settings = {**demo.DEMO_EXPORT, **({"draft_dtype": draft_dtype} if draft_dtype else {})}
-    reused = demo.ensure_bundle(bundle, target, draft, prompts, settings=settings)
+    settings = {**demo_bundle.DEMO_EXPORT, **({"draft_dtype": draft_dtype} if draft_dtype else {})}
+    reused = demo_bundle.ensure_bundle(bundle, target, draft, prompts, settings=settings)
     log(f"{'reused' if reused else 'exported'} bundle {bundle}")
     return {"path": str(bundle), "reused": reused, "export_settings": settings,
             "export_seconds": 0.0 if reused else round(time.perf_counter() - t0, 1)}
@@ -88,7 +90,7 @@ def ensure_bundle(bundle: Path, target: Path, draft: Path, prompts: Path, draft_
 
 # -- 2. held-out loss / top-1 / bits per byte ----------------------------------------------------------
 def window_starts(n_tokens: int, windows: int) -> list[int]:
-    """train_demo_pair.evaluate's windows: fixed, non-overlapping, spread over the held-out tokens."""
+    """recipe.evaluate's windows: fixed, non-overlapping, spread over the held-out tokens."""
     step = max(CONTEXT + 1, (n_tokens - CONTEXT - 1) // windows)
     return list(range(0, n_tokens - CONTEXT - 1, step))[:windows]
 
@@ -115,7 +117,7 @@ def heldout_eval(engine, data: np.ndarray, starts: list[int], bytes_per_token: f
 
 # -- 3. generation on the held-out prompts --------------------------------------------------------------
 def load_prompts(path: Path, n: int | None) -> list[dict]:
-    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    rows = read_prompts(path, records=True)
     if n and n < len(rows):       # evenly spaced, so both kinds (functions first, then edits) are in
         rows = [rows[i] for i in sorted({round(x) for x in np.linspace(0, len(rows) - 1, n)})]
     return rows
@@ -142,11 +144,8 @@ def loop_costs(runs: list[dict]) -> dict:
     """Engine time per call as the loops made the calls: target-only steps (plain), and the K=4 greedy
     rounds' draft steps (each run right after a verify) and verifies. What the speedup pays, unlike a
     microbenchmark's pattern (step_costs)."""
-    plain, spec = pooled(runs, "plain"), pooled(runs, "greedy")
-    step = plain["seconds_target"] / plain["target_calls"]
-    draft, verify = spec["seconds_draft"] / spec["draft_calls"], spec["seconds_target"] / spec["target_calls"]
-    return {"target_step_ms": 1e3 * step, "draft_step_ms": 1e3 * draft, "verify_ms": 1e3 * verify,
-            "c": draft / step, "r": verify / step, "draft_calls": spec["draft_calls"]}
+    spec = pooled(runs, "greedy")
+    return {**per_call_costs(pooled(runs, "plain"), spec), "draft_calls": spec["draft_calls"]}
 
 
 def stat_fields(stats) -> dict:
@@ -287,10 +286,9 @@ def model_facts(folder: Path, bundle: Path, role: str, work: Path | None) -> dic
 def heldout_overlap(data: dict, *, threshold: float = 0.5) -> dict:
     """Held-out files with a near-copy in the training corpus (vendored copies in site-packages, ...):
     the share of a held-out file's non-blank lines found in a same-named training file."""
-    tm = train_module()
     root = Path(data["stdlib"])
     by_name: dict[str, list[Path]] = {}
-    for p in tm.extra_files():
+    for p in extra_files():
         by_name.setdefault(p.name, []).append(p)
     lines = lambda text: [x.strip() for x in text.splitlines() if x.strip()]
     found, total_bytes = [], 0
@@ -354,12 +352,12 @@ def measure(args) -> dict:
     for p in (target / "config.json", draft / "config.json", prompts_path):
         if not p.is_file():
             sys.exit(f"eval_demo_pair: {p} does not exist; package the pair first "
-                     f"(python tools/train_demo_pair.py package --out {models})")
+                     f"(python tools/demo_pair/train_demo_pair.py package --out {models})")
     data_json = args.work / "data.json"
     heldout_bin = args.work / "heldout.bin"
     for p in (data_json, heldout_bin):
         if not p.is_file():
-            sys.exit(f"eval_demo_pair: {p} does not exist; run `python tools/train_demo_pair.py data` "
+            sys.exit(f"eval_demo_pair: {p} does not exist; run `python tools/demo_pair/train_demo_pair.py data` "
                      f"(--work {args.work})")
     bundle_info = ensure_bundle(args.bundle, target, draft, prompts_path, args.draft_dtype)
 
@@ -397,7 +395,7 @@ def measure(args) -> dict:
     costs = {**costs, "r": {str(k): v for k, v in costs["r"].items()}, "past": past, "reps": reps}
 
     fig = {
-        "command": "python tools/eval_demo_pair.py " + shlex.join(args.argv),
+        "command": f"python {Path(__file__).resolve().relative_to(ROOT)} " + shlex.join(args.argv),
         "settings": {"k": K, "temperature": TEMPERATURE, "max_new_tokens": args.max_new_tokens,
                      "windows": args.windows, "prompts": len(prompts), "threads": THREADS},
         "env": {"specedge": __version__, "onnxruntime": onnxruntime.__version__, "numpy": np.__version__,

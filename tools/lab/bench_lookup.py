@@ -3,7 +3,7 @@ model alone, the draft model with prompt lookup, and prompt lookup alone (no dra
 greedy and at T = 0.8, on the bundle's prompts. Interleaved (every prompt runs each variant back to
 back, the order alternating), summed over prompts and repeats; ratios to target-only in one run.
 
-    python tools/bench_lookup.py [--bundle bundles/demo] [--ngram 3] [--prompts 30] [--json /tmp/bench_lookup.json]
+    python tools/lab/bench_lookup.py [--bundle bundles/demo] [--ngram 3] [--prompts 30] [--json /tmp/bench_lookup.json]
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from pathlib import Path  # noqa: E402
 
 from specedge.runtime.files import write_atomic  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def main(argv=None) -> None:

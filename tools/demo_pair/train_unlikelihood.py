@@ -1,5 +1,5 @@
 """The demo target's fine-tune against its own greedy loops: the `unlikelihood` phase of
-train_demo_pair.py (run it from there: `python tools/train_demo_pair.py unlikelihood`)."""
+train_demo_pair.py (run it from there: `python tools/demo_pair/train_demo_pair.py unlikelihood`)."""
 from __future__ import annotations
 
 import json
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
-from train_demo_pair import (SEED, batches, build, continuation, function_openings, is_held_out, save,
-                             stdlib_files, stdlib_train_tokens)
+from recipe import (SEED, batches, build, continuation, function_openings, is_held_out, save, stdlib_files,
+                    stdlib_train_tokens)
 
 # the target's fine-tune against greedy loops. Measured on 40 held-out openings that are not eval prompts:
 # distinct 0.35 -> 0.45 at +0.06 nats of held-out loss after 100 steps at a constant 5e-5; 2e-4 and

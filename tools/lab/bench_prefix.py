@@ -6,7 +6,7 @@ user "types" (the file's own next tokens), each request's prompt being everythin
 The two settings run the same session on separate decoders of one bundle, request by request in
 alternating order; the outputs must be identical.
 
-    python tools/bench_prefix.py [--bundle bundles/demo] [--json docs/bench_prefix.json]
+    python tools/lab/bench_prefix.py [--bundle bundles/demo] [--json docs/bench_prefix.json]
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from specedge.runtime import SpeculativeDecoder  # noqa: E402
 from specedge.runtime.files import write_atomic  # noqa: E402
 from specedge.runtime.manifest import Manifest, read_prompts  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def first_token_seconds(dec, prompt: list[int], **kw) -> tuple[float, list[int], int]:

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Train the demo pair on a lent GPU in one device run (minutes instead of CPU hours).
 #
-# Here, first:   python tools/train_demo_pair.py pack --out .gpu      (.gpu/ is git-ignored, ~23 MB)
-# Device run:    run(command="bash tools/gpu_train_pair.sh", carry=[".gpu"], timeout_s=560)
+# Here, first:   python tools/demo_pair/train_demo_pair.py pack --out .gpu      (.gpu/ is git-ignored, ~23 MB)
+# Device run:    run(command="bash tools/demo_pair/gpu_train_pair.sh", carry=[".gpu"], timeout_s=560)
 #                (TARGET_MIN / DRAFT_MIN / BATCH override the budget; the whole run must end in time)
 # Here, after:   cat FILES_AT/pair.tar.part* | tar -x -C ~/.cache/specedge/demo-gpu
 #                cp ~/.cache/specedge/demo/{tokenizer.json,data.json,heldout.bin} ~/.cache/specedge/demo-gpu/
-#                python tools/train_demo_pair.py package --work ~/.cache/specedge/demo-gpu --out models/
+#                python tools/demo_pair/train_demo_pair.py package --work ~/.cache/specedge/demo-gpu --out models/
 # Same recipe and seeds as the CPU run; bf16 autocast on the GPU too. Returns fp16 weights and
 # training logs (no optimizer state) in <= 15 MB parts, under the device tool's 16 MiB per file.
 #
@@ -17,15 +17,15 @@
 # Here, after:   mkdir -p G && cat FILES_AT/pair.tar.part* | tar -x -C G      # G/SHAPE/draft.pt ...
 #                for S in G/*/; do W=${S%/}
 #                  cp ~/.cache/specedge/demo/{tokenizer.json,data.json,heldout.bin} $W/
-#                  python tools/train_demo_pair.py teacher --work $W
-#                  python tools/train_demo_pair.py package --work $W --out $W/models
-#                  python tools/eval_demo_pair.py --models $W/models --work $W --bundle bundles/demo-$(basename $W) \
+#                  python tools/demo_pair/train_demo_pair.py teacher --work $W
+#                  python tools/demo_pair/train_demo_pair.py package --work $W --out $W/models
+#                  python tools/demo_pair/eval_demo_pair.py --models $W/models --work $W --bundle bundles/demo-$(basename $W) \
 #                      --json $W/eval.json --card $W/card.md     # alpha and c of each draft against the bars
 #                done
 # (tested end to end on CPU, flow back included, with SHAPES="2x64 1x64x128" DRAFT_MIN=0.2 COOLDOWN=3 BATCH=4
 #  PYTHON=.venv/bin/python)
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 W=/tmp/specedge-demo
 OUT=${OUT:-/tmp/specedge-out}
 mkdir -p "$W" "$OUT"
@@ -34,18 +34,18 @@ cp .gpu/tokenizer.json .gpu/data.json "$W/"
 PY=${PYTHON:-python3}
 "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())" | tee "$OUT/log.txt"
 if [ "${DRAFT_ONLY:-0}" = 1 ]; then
-  "$PY" tools/train_demo_pair.py teacher --work "$W" --from models/target >> "$OUT/log.txt" 2>&1
+  "$PY" tools/demo_pair/train_demo_pair.py teacher --work "$W" --from models/target >> "$OUT/log.txt" 2>&1
   SHAPES=${SHAPES:-${SHAPE:-4x128 3x128x768 4x192}}
   pids=()
   for S in $SHAPES; do
     WS="$W/drafts/$S"
     mkdir -p "$WS"
     for f in tokenizer.json data.json train.bin train_stdlib.bin heldout.bin target.pt; do ln -sf "$W/$f" "$WS/$f"; done
-    ( "$PY" tools/train_demo_pair.py draft --work "$WS" --shape "$S" --tvd "${TVD:-1}" --minutes "${DRAFT_MIN:-6}" \
+    ( "$PY" tools/demo_pair/train_demo_pair.py draft --work "$WS" --shape "$S" --tvd "${TVD:-1}" --minutes "${DRAFT_MIN:-6}" \
         --batch "${BATCH:-64}" > "$WS/train.log" 2>&1
-      "$PY" tools/train_demo_pair.py cooldown --model draft --work "$WS" --steps "${COOLDOWN:-400}" \
+      "$PY" tools/demo_pair/train_demo_pair.py cooldown --model draft --work "$WS" --steps "${COOLDOWN:-400}" \
         --batch "${BATCH:-64}" >> "$WS/train.log" 2>&1
-      "$PY" tools/train_demo_pair.py slim --work "$WS" --out "$W/out/$S" --kinds draft >> "$WS/train.log" 2>&1 ) &
+      "$PY" tools/demo_pair/train_demo_pair.py slim --work "$WS" --out "$W/out/$S" --kinds draft >> "$WS/train.log" 2>&1 ) &
     pids+=("$!")
   done
   i=0
@@ -57,9 +57,9 @@ if [ "${DRAFT_ONLY:-0}" = 1 ]; then
   done
   tar -C "$W/out" -cf - . | split -b 15M - "$OUT/pair.tar.part"
 else
-  "$PY" tools/train_demo_pair.py target --work "$W" --minutes "${TARGET_MIN:-5}" --batch "${BATCH:-64}" 2>&1 | tail -n 40 >> "$OUT/log.txt"
-  "$PY" tools/train_demo_pair.py draft --work "$W" --minutes "${DRAFT_MIN:-2.5}" --batch "${BATCH:-64}" 2>&1 | tail -n 40 >> "$OUT/log.txt"
-  "$PY" tools/train_demo_pair.py slim --work "$W" --out "$W/slim"
+  "$PY" tools/demo_pair/train_demo_pair.py target --work "$W" --minutes "${TARGET_MIN:-5}" --batch "${BATCH:-64}" 2>&1 | tail -n 40 >> "$OUT/log.txt"
+  "$PY" tools/demo_pair/train_demo_pair.py draft --work "$W" --minutes "${DRAFT_MIN:-2.5}" --batch "${BATCH:-64}" 2>&1 | tail -n 40 >> "$OUT/log.txt"
+  "$PY" tools/demo_pair/train_demo_pair.py slim --work "$W" --out "$W/slim"
   tar -C "$W/slim" -cf - target.pt draft.pt | split -b 15M - "$OUT/pair.tar.part"
 fi
 ls -la "$OUT" >> "$OUT/log.txt"
