@@ -105,23 +105,23 @@ def draft_kind(folder: Path) -> str:
     return "eagle" if _json(Path(folder) / "config.json").get("model_type") == KIND else "causal_lm"
 
 
-def export_head_model(src: Path, dst: Path, *, role: str, k: int, max_context: int | None, quiet: bool = False,
-                      origin: Path | None = None, **_) -> ModelInfo:
+def export_head_model(src: Path, dst: Path, *, role: str, k: int, max_context: int | None, dtype: str = "fp32",
+                      quiet: bool = False, origin: Path | None = None, **_) -> ModelInfo:
     """A hidden-state draft head: its graph reads the target's hidden states (always the torch exporter)."""
     from .eagle import export_eagle_one
     t0 = time.perf_counter()
     dst.mkdir(parents=True)
     with phase(f"[{role}] export the hidden-state head {src}", quiet):
-        dims, parity, inputs, outputs = export_eagle_one(src, dst, k=k, max_context=max_context, quiet=quiet)
+        dims, parity, inputs, outputs = export_eagle_one(src, dst, k=k, max_context=max_context, weights=dtype)
     worst = max(d["max_rel_diff"] for d in parity.values())
-    if not worst <= PARITY_BOUND["fp32"]:
+    if not worst <= PARITY_BOUND.get(dtype, float("inf")):
         raise ExportError(f"{role}: ONNX Runtime and PyTorch disagree on the draft head (max relative difference "
                           f"{worst:.2e}); please report it (parity: {parity})")
     shutil.copy2(src / "config.json", dst / "config.json")
     dims.pop("max_positions"), dims.pop("hidden_size")
     return ModelInfo(file=f"{role}/model.onnx", inputs=inputs, outputs=outputs, parity=parity,
                      export_seconds=round(time.perf_counter() - t0, 2), source=str(Path(origin or src).resolve()),
-                     opset=20, builder="torch", weights="fp32", kind="eagle", **{**dims, "dtype": "float32"})
+                     opset=20, builder="torch", weights=dtype, kind="eagle", **{**dims, "dtype": "float32"})
 
 
 def export_one(src: Path, dst: Path, *, role: str, dtype: str, max_context: int | None, k: int,
@@ -298,15 +298,21 @@ def _export_folders(*, target: Path, draft: Path | None, out: Path, origins: dic
     if builder not in ("torch", "genai"):
         raise ExportError(f"--builder {builder!r} is not supported; use torch or genai")
     sources = {"target": Path(target)} | ({"draft": Path(draft)} if draft else {})
-    # an int8 draft beside an fp32 target: the draft's precision moves its speed, never the output's law
-    dtypes = {"target": dtype, "draft": draft_dtype or dtype}
-    for flag, d in (("--dtype", dtype), ("--draft-dtype", draft_dtype)):
-        if d in QUANTIZED and builder != "genai":
-            raise ExportError(f"{flag} {d} needs --builder genai (onnxruntime-genai's MatMulNBits graphs)")
     # fail fast: every refusal before any heavy work
     kinds = {role: draft_kind(src) for role, src in sources.items()}
     if kinds["target"] != "causal_lm":
         raise ExportError(f"{target} is a draft head (it reads a target's hidden states); pass it as --draft")
+    # an int8 draft beside an fp32 target: the draft's precision moves its speed, never the output's law
+    dtypes = {"target": dtype, "draft": draft_dtype or dtype}
+    if kinds.get("draft") == "eagle":      # a head is exported by torch: fp32, or its MatMuls in int8
+        dtypes["draft"] = draft_dtype or ("int8" if dtype in QUANTIZED else "fp32")
+        if dtypes["draft"] not in ("fp32", "int8"):
+            raise ExportError(f"--draft-dtype {dtypes['draft']} is not available for a hidden-state head; use fp32 "
+                              f"or int8")
+    for role, flag in (("target", "--dtype"), ("draft", "--draft-dtype")):
+        d = dtypes.get(role)
+        if d in QUANTIZED and builder != "genai" and kinds.get(role) == "causal_lm":
+            raise ExportError(f"{flag} {d} needs --builder genai (onnxruntime-genai's MatMulNBits graphs)")
     dims = {role: head_check(src, max_context) if kinds[role] == "eagle" else
             check_source(src, dtype=_reference_dtype(dtypes[role]), max_context=max_context, allow_pickle=allow_pickle)
             for role, src in sources.items()}

@@ -55,7 +55,8 @@ class EagleHead(nn.Module):
     def forward(self, input_ids, features, *, attention_mask=None, position_ids=None, cache=None):
         """input_ids [b, s] (t_{j+1}), features [b, s, h] (f_j) -> (logits over vocab_map [b, s, n], h [b, s, h])."""
         from .graph import cache_keyword
-        x = self.fc(torch.cat([self.model.embed_tokens(input_ids), features.to(self.fc.weight.dtype)], -1))
+        dtype = self.fc.weight.dtype
+        x = self.fc(torch.cat([self.model.embed_tokens(input_ids).to(dtype), features.to(dtype)], -1))
         out = self.model(inputs_embeds=x, attention_mask=attention_mask, position_ids=position_ids,
                          use_cache=cache is not None, **{cache_keyword(self.model): cache})
         h = out.last_hidden_state
@@ -211,19 +212,38 @@ def parity(head: EagleHead, onnx_path, *, k: int, max_context: int, prompt_len: 
     return out
 
 
-def export_eagle_one(src, dst, *, k: int, max_context: int | None, quiet: bool = True):
-    """Export a head folder into dst/model.onnx; returns (dims, parity, inputs, outputs)."""
+def export_eagle_one(src, dst, *, k: int, max_context: int | None, weights: str = "fp32"):
+    """Export a head folder into dst/model.onnx; returns (dims, parity, inputs, outputs). The embedding
+    table (one row read a step) is kept in fp16; `weights` int8 quantizes the layer and the LM head
+    (MatMulNBits, 8 bits): parity is then measured against the fp32 head and reported, not bounded."""
     import numpy as np
 
     from .heads import add_logits_to_keep, add_vocab_map
     head = load_head(src)
+    head.model.embed_tokens.half()
     dims = head_dims(src)
     context = min(dims["max_positions"], max_context or 4096)
     export_head(head, dst / "model.onnx")
     add_logits_to_keep(dst / "model.onnx")
     add_vocab_map(dst / "model.onnx", head.vocab_map.numpy().astype(np.int64), dims["vocab_size"])
+    if weights == "int8":
+        quantize_int8(dst / "model.onnx")
     result = parity(head, dst / "model.onnx", k=k, max_context=context)
     inputs = ["input_ids", "target_hidden_states", "attention_mask", "position_ids", "past_key_values.0.key",
               "past_key_values.0.value", "logits_to_keep"]
     outputs = ["logits", "hidden_states", "present.0.key", "present.0.value"]
     return {**dims, "max_context": context}, result, inputs, outputs
+
+
+def quantize_int8(path) -> None:
+    """MatMul weights -> MatMulNBits with 8-bit blocks of 32 (onnxruntime's quantizer), rewritten in place."""
+    import os
+
+    import onnx
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+    logging_level = __import__("logging").getLogger("onnxruntime.quantization.matmul_nbits_quantizer")
+    logging_level.setLevel("WARNING")
+    q = MatMulNBitsQuantizer(onnx.load(str(path)), bits=8, block_size=32, is_symmetric=True, accuracy_level=4)
+    q.process()
+    os.remove(f"{path}.data")
+    q.model.save_model_to_file(str(path), use_external_data_format=True)

@@ -100,3 +100,20 @@ def test_prefix_reuse_and_alpha_through_the_loop(head_bundle):
     assert again.stats.draft_reused_tokens > 30 and again.stats.reused_tokens > 30
     assert again.token_ids == fresh.token_ids == plain.token_ids
     assert first.stats.alpha > 0.2 and first.stats.accepted > 5
+
+
+def test_an_int8_head_keeps_the_output_exact(head_bundle, llama_target, tmp_path):
+    import onnx
+    bundle, *_ = head_bundle
+    out = tmp_path / "int8"
+    export_bundle(target=llama_target, draft=bundle.parent / "head", out=out, k=4, max_context=256, quiet=True,
+                  draft_dtype="int8")
+    ops = {n.op_type for n in onnx.load(str(out / "draft" / "model.onnx"), load_external_data=False).graph.node}
+    assert "MatMulNBits" in ops
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["models"]["draft"]["weights"] == "int8"
+    dec = SpeculativeDecoder.from_bundle(out, threads=1, speculative=True)
+    for prompt in PROMPTS:
+        spec = dec.generate(prompt, max_new_tokens=24, temperature=0.0, ignore_eos=True)
+        plain = dec.generate(prompt, max_new_tokens=24, temperature=0.0, ignore_eos=True, speculative=False)
+        assert spec.token_ids == plain.token_ids and spec.stats.drafted > 0
