@@ -106,13 +106,18 @@ def draft_kind(folder: Path) -> str:
 
 
 def export_head_model(src: Path, dst: Path, *, role: str, k: int, max_context: int | None, dtype: str = "fp32",
-                      quiet: bool = False, origin: Path | None = None, **_) -> ModelInfo:
+                      quiet: bool = False, origin: Path | None = None, target_src: Path | None = None,
+                      **_) -> ModelInfo:
     """A hidden-state draft head: its graph reads the target's hidden states (always the torch exporter)."""
     from .eagle import export_eagle_one
     t0 = time.perf_counter()
     dst.mkdir(parents=True)
     with phase(f"[{role}] export the hidden-state head {src}", quiet):
-        dims, parity, inputs, outputs = export_eagle_one(src, dst, k=k, max_context=max_context, weights=dtype)
+        try:
+            dims, parity, inputs, outputs = export_eagle_one(src, dst, k=k, max_context=max_context, weights=dtype,
+                                                             target=target_src)
+        except ValueError as e:
+            raise ExportError(f"{role}: {e}") from e
     worst = max(d["max_rel_diff"] for d in parity.values())
     if not worst <= PARITY_BOUND.get(dtype, float("inf")):
         raise ExportError(f"{role}: ONNX Runtime and PyTorch disagree on the draft head (max relative difference "
@@ -126,7 +131,7 @@ def export_head_model(src: Path, dst: Path, *, role: str, k: int, max_context: i
 
 def export_one(src: Path, dst: Path, *, role: str, dtype: str, max_context: int | None, k: int,
                allow_pickle: bool, opset: int, builder: str = "torch", quiet: bool = False,
-               origin: Path | None = None, hidden: bool = False) -> ModelInfo:
+               origin: Path | None = None, hidden: bool = False, **_) -> ModelInfo:
     from .genai import export_genai
     from .graph import export_onnx
     from .heads import KEEP, add_logits_to_keep
@@ -338,7 +343,8 @@ def _export_folders(*, target: Path, draft: Path | None, out: Path, origins: dic
         hidden = kinds.get("draft") == "eagle"
         models = {role: EXPORTERS[kinds[role]](src, tmp / role, role=role, dtype=dtypes[role], max_context=max_context,
                                                k=k, allow_pickle=allow_pickle, opset=opset, builder=builder,
-                                               quiet=quiet, origin=origins[role], hidden=hidden and role == "target")
+                                               quiet=quiet, origin=origins[role], hidden=hidden and role == "target",
+                                               target_src=sources["target"])
                   for role, src in sources.items()}
         (tmp / "tokenizer.json").write_text(toks["target"], encoding="utf-8")
         template, chat_tokens = chat_template(sources["target"])

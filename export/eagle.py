@@ -65,6 +65,7 @@ class EagleHead(nn.Module):
 
 # -- a head as a folder, and its ONNX graph ----------------------------------------------------------
 KIND = "specedge_eagle"      # config.json's model_type for a head folder
+EMBEDDING = "model.embed_tokens.weight"
 
 
 def save_head(head: EagleHead, folder, *, tokenizer_json: str, extra: dict | None = None) -> None:
@@ -75,7 +76,8 @@ def save_head(head: EagleHead, folder, *, tokenizer_json: str, extra: dict | Non
     from safetensors.torch import save_file
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    state = {k: v.detach().contiguous().clone() for k, v in head.state_dict().items()}
+    # the embedding is the target's own, frozen: export takes it from the target, the folder stays small
+    state = {k: v.detach().contiguous().clone() for k, v in head.state_dict().items() if k != EMBEDDING}
     save_file({k: (v.half() if v.is_floating_point() else v) for k, v in state.items()},
               str(folder / "model.safetensors"), metadata={"format": "pt"})
     config = {"model_type": KIND, "architectures": ["EagleHead"], "draft_vocab": int(len(head.vocab_map)),
@@ -84,15 +86,25 @@ def save_head(head: EagleHead, folder, *, tokenizer_json: str, extra: dict | Non
     (folder / "tokenizer.json").write_text(tokenizer_json, encoding="utf-8")
 
 
-def load_head(folder, *, dtype=torch.float32) -> EagleHead:
+def load_head(folder, *, target=None, dtype=torch.float32) -> EagleHead:
+    """A head folder as an EagleHead; its embedding comes from the `target` folder's weights."""
     import json
     from pathlib import Path
 
+    from safetensors import safe_open
     from safetensors.torch import load_file
     from transformers import LlamaConfig
     folder = Path(folder)
     config = json.loads((folder / "config.json").read_text())
     state = load_file(str(folder / "model.safetensors"))
+    if EMBEDDING not in state:
+        for path in sorted(Path(target).glob("*.safetensors")) if target else ():
+            with safe_open(str(path), "pt") as f:
+                if EMBEDDING in f.keys():
+                    state[EMBEDDING] = f.get_tensor(EMBEDDING)
+                    break
+        else:
+            raise ValueError(f"{folder} takes its token embedding from the target, and none was found in {target}")
     head = EagleHead(LlamaConfig(**config["head"]), state["vocab_map"])
     head.load_state_dict({k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()})
     return head.to(dtype).eval()
@@ -212,14 +224,14 @@ def parity(head: EagleHead, onnx_path, *, k: int, max_context: int, prompt_len: 
     return out
 
 
-def export_eagle_one(src, dst, *, k: int, max_context: int | None, weights: str = "fp32"):
+def export_eagle_one(src, dst, *, k: int, max_context: int | None, weights: str = "fp32", target=None):
     """Export a head folder into dst/model.onnx; returns (dims, parity, inputs, outputs). The embedding
     table (one row read a step) is kept in fp16; `weights` int8 quantizes the layer and the LM head
     (MatMulNBits, 8 bits): parity is then measured against the fp32 head and reported, not bounded."""
     import numpy as np
 
     from .heads import add_logits_to_keep, add_vocab_map
-    head = load_head(src)
+    head = load_head(src, target=target)
     head.model.embed_tokens.half()
     dims = head_dims(src)
     context = min(dims["max_positions"], max_context or 4096)

@@ -71,13 +71,17 @@ def test_training_raises_chain_acceptance(head_bundle):
     assert after > max(0.25, 5 * before), (before, after)
 
 
-def test_the_saved_head_and_its_graph(head_bundle, tmp_path):
+def test_the_saved_head_and_its_graph(head_bundle, llama_target):
     bundle, _, _, head = head_bundle
     m = json.loads((bundle / "manifest.json").read_text())
     assert m["models"]["draft"]["kind"] == "eagle" and "hidden_states" in m["models"]["target"]["outputs"]
     assert max(d["max_rel_diff"] for d in m["models"]["draft"]["parity"].values()) < 1e-5
-    loaded = load_head(head_bundle[0].parent / "head")
+    loaded = load_head(head_bundle[0].parent / "head", target=llama_target)
     assert torch.equal(loaded.vocab_map, head.vocab_map)
+    assert torch.equal(loaded.model.embed_tokens.weight, head.model.embed_tokens.weight)      # from the target
+    from safetensors import safe_open
+    with safe_open(str(head_bundle[0].parent / "head" / "model.safetensors"), "pt") as f:
+        assert "model.embed_tokens.weight" not in f.keys()
 
 
 def test_a_hidden_state_head_is_exact(head_bundle):

