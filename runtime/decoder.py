@@ -87,6 +87,8 @@ class SpeculativeDecoder:
 
         path = Path(path)
         m = Manifest.load(path)
+        from specedge.engines.ort import import_onnxruntime
+        m.check_onnxruntime(import_onnxruntime().__version__)
         config = model_defaults(m.generation) if config is None else config
         try:
             tokenizer = Tokenizer.from_file(str(path / m.tokenizer))
@@ -219,8 +221,9 @@ class SpeculativeDecoder:
             # 3. accept: the longest accepted prefix, then a recovered or bonus token
             new, n_accepted = self._accept(req, proposal, logits)
             req.stats.record_round(proposal.source, len(proposal.tokens), n_accepted)
-            # 4. commit what ends the output no later than EOS or a stop string; roll back the rest
-            piece = self._commit(req, new)
+            # 4. commit the tokens up to EOS or a stop string; roll every cache back to them
+            new, piece = self._stop(req, new)
+            self._commit(req, new)
             # 5. emit
             if piece:
                 yield piece
@@ -265,9 +268,9 @@ class SpeculativeDecoder:
         p = probs(logits, params, history=req.tokens, drafts=drafts)        # [k+1, vocab]
         return accept(drafts, proposal.q, p, req.rng)
 
-    def _commit(self, req: "_Request", new: list[int]) -> str:
-        """Append the round's tokens up to EOS or the end of a stop string, and roll every cache back to
-        the committed tokens but the last (the one place a rollback happens). Returns the text to emit."""
+    def _stop(self, req: "_Request", new: list[int]) -> tuple[list[int], str]:
+        """The round's tokens up to EOS or the token completing a stop string (setting req.finish), and
+        the text they make safe to emit."""
         eos_at = next((i for i, t in enumerate(new) if t in req.eos), None)
         if eos_at is not None:
             new, req.finish = new[:eos_at + 1], "eos"
@@ -275,12 +278,16 @@ class SpeculativeDecoder:
         piece = req.text.push(new if req.finish is None else new[:-1])
         if req.text.stopped:       # the tokens after the one completing the stop string were never said
             new, req.finish = new[:len(req.text.ids) - shown], "stop"
+        return new, piece
+
+    def _commit(self, req: "_Request", new: list[int]) -> None:
+        """Append the round's tokens and roll every cache back to the committed tokens but the last:
+        the one place a rollback happens."""
         req.tokens += new
         req.stats.new_tokens += len(new)
         self.target.truncate(min(self.target.length, len(req.tokens) - 1))
         for p in req.proposers:
             p.commit(req.tokens, len(new))
-        return piece
 
     def _end(self, req: "_Request"):
         """Record what the caches hold for the next request's prefix reuse; the text's held-back tail."""

@@ -100,6 +100,20 @@ class Manifest:
         if self.max_draft_tokens < 1:
             raise BundleError(f"max_draft_tokens must be >= 1, got {self.max_draft_tokens}")
 
+    def check_onnxruntime(self, version: str) -> None:
+        """Refuse, before any graph loads, a bundle this onnxruntime cannot run: an opset newer than it
+        reads, or onnxruntime-genai builder graphs (GroupQueryAttention with 12 inputs) before 1.23."""
+        ours = _version(version)
+        for role, info in self.models.items():
+            if info.builder == "genai" and ours < (1, 23):
+                raise BundleError(f"the {role} graph was built by onnxruntime-genai's builder, which needs onnxruntime "
+                                  f">= 1.23 (this is {version}): upgrade onnxruntime, or re-export with spec-export "
+                                  f"--builder torch")
+            newest = max((v for k, v in MAX_OPSET.items() if k <= ours), default=19)
+            if info.opset and ours < max(MAX_OPSET) and info.opset > newest:
+                raise BundleError(f"the {role} graph uses ONNX opset {info.opset}; onnxruntime {version} reads up to "
+                                  f"{newest}: upgrade onnxruntime, or re-export with spec-export --opset {newest}")
+
     @property
     def has_draft(self) -> bool:
         return "draft" in self.models
@@ -143,6 +157,15 @@ class Manifest:
         if missing:
             raise BundleError(f"bundle {folder} is missing {', '.join(missing)}; re-export it with spec-export")
         return m
+
+
+# the newest ONNX opset each onnxruntime release reads (its release notes); later releases read at least 23
+MAX_OPSET = {(1, 17): 20, (1, 18): 21, (1, 19): 21, (1, 20): 21, (1, 21): 22, (1, 22): 23}
+
+
+def _version(text: str) -> tuple[int, int]:
+    parts = [int("".join(c for c in p if c.isdigit()) or 0) for p in text.split(".")[:2]]
+    return tuple(parts + [0] * (2 - len(parts)))
 
 
 def read_prompts(path: str | Path, *, records: bool = False) -> list:

@@ -475,3 +475,18 @@ def test_speculation_guard_drops_a_draft_that_cannot_pay(pair_bundles, capsys):
         assert run_main([bundle, "abc", "--json", "--max-new-tokens", "8", *flags]) == 0
         out = capsys.readouterr()
         assert ("speculation off" in out.err) != drafted and (json.loads(out.out)["stats"]["drafted"] > 0) == drafted
+
+
+def test_a_bundle_this_onnxruntime_cannot_run_is_refused_before_loading(pair_bundles):
+    import json as _json
+    from specedge.runtime.manifest import Manifest
+    d = _json.loads((pair_bundles["agree"] / "manifest.json").read_text())
+    Manifest.from_dict(d).check_onnxruntime("1.19.2")            # torch builder, opset 20: runs there
+    d["models"]["draft"]["opset"] = 23
+    with pytest.raises(BundleError, match="opset 23; onnxruntime 1.21.0 reads up to 22.*--opset 22"):
+        Manifest.from_dict(d).check_onnxruntime("1.21.0")
+    Manifest.from_dict(d).check_onnxruntime("1.22.1")
+    d["models"]["target"]["builder"] = "genai"
+    with pytest.raises(BundleError, match="needs onnxruntime >= 1.23.*--builder torch"):
+        Manifest.from_dict(d).check_onnxruntime("1.22.1")
+    Manifest.from_dict(d).check_onnxruntime("1.32.0")
