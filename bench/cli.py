@@ -210,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
                 result["peers"][mode][f"{system}_detail"] = r
                 if r.get("error"):
                     result["peers_error"][f"{system}_{mode}"] = r["error"]
-        # the flat keys: greedy figures at the top of "peers"
+        # flat keys for the common case: greedy figures at the top of "peers"
         result["peers"].update({k: v for k, v in result["peers"]["greedy"].items() if not k.endswith("_detail")})
     result["seconds"] = time.perf_counter() - t_start
     args.json.parent.mkdir(parents=True, exist_ok=True)

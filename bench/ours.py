@@ -104,7 +104,7 @@ def measure(dec, prompts: list[str], *, ks, sampling: dict, max_new_tokens: int,
 
 
 def summarize(variants: dict, costs: dict) -> dict:
-    """The issue's keys for one mode: plain/spec tokens/s at the best K, speedup, alpha, bound, efficiency."""
+    """The summary keys for one mode: plain/spec tokens/s at the best K, speedup, alpha, bound, efficiency."""
     plain = variants["plain"]["tps"]
     per_k = {}
     step = variants["plain"]["target_ms_per_call"]

@@ -296,8 +296,8 @@ def run_ortgenai(args, prompts: list[str], res: dict) -> None:
             n = len(ids[i]) + args.max_new_tokens
             params = og.GeneratorParams(model)
             # min_length == max_length: EOS can't end a run early, so every run makes the same tokens
-            # random_seed always: with the default -1 genai 0.18 spends ~15-25 ms seeding each Generator,
-            # greedy or not (measured), which would swamp short runs of a small model
+            # random_seed always: genai's default -1 seeds each Generator slowly, greedy or not, which
+            # would swamp short runs of a small model (docs/benchmarks.md)
             opts = dict(max_length=n, min_length=n, random_seed=seed, **sampling)
             params.set_search_options(**opts)
             if spec_opts:

@@ -43,9 +43,8 @@ class GenerationConfig:
     speculative: bool = True          # False: target-only decoding through the same loop (k = 0)
     # a round stops drafting once the product of its drafts' top probabilities (the draft's estimate
     # that all are accepted) falls below this (0 = always k): a draft unlikely to be reached costs a
-    # draft step and a wider verify all the same. Demo pair, int8 draft, 84 prompts, interleaved: 0.1
-    # beat 0.2 by 3 % greedy and 5 % at T = 0.8 on 1 thread, by 1 % and 2 % with the target on 2
-    # threads; 0.05 was within 1-2 % of 0.1. The output's law does not depend on it
+    # draft step and a wider verify all the same. The output's law does not depend on it (how the
+    # default was chosen: docs/benchmarks.md)
     draft_confidence: float = 0.1
     # prompt lookup (runtime/ngram.py): a round whose context ends in an n-gram seen before, n from
     # ngram down to ngram_min, drafts what followed it instead of calling the draft model; 0 = off.
@@ -59,7 +58,7 @@ class GenerationConfig:
     # with this prompt: an editor's next completion, a chat's next turn prefill only what is new.
     # The output's law is unchanged; the draws are not bit-for-bit a fresh decoder's once the reused
     # KV was computed token by token (a previous output) rather than in one prefill: graphs whose
-    # numerics depend on how many tokens a call takes (the demo's int8 draft: up to 0.1 in a logit)
+    # numerics depend on how many tokens a call takes (the demo's int8 draft, docs/runtime.md)
     # give a slightly different q, so a seed can draw differently. False: every request prefills its
     # whole prompt (bit-reproducible runs; benchmarks that time prefill)
     prefix_cache: bool = True

@@ -3,8 +3,8 @@
 c = draft 1-token step / target 1-token step; r(k) = target (k+1)-token call / 1-token call. With
 per-token acceptance alpha, a round of k drafts yields E = (1 - alpha^(k+1)) / (1 - alpha) tokens for
 r(k) + k c target steps (Leviathan et al. 2023). Where a target step is as cheap as the engine's fixed
-per-call cost (the demo target with int8 weights on a CPU: in the loop c 0.3-0.43 and r(1) 1.55-1.63),
-no draft makes up for it, and decoding target-only is faster.
+per-call cost (the demo target with int8 weights on a CPU, docs/benchmarks.md), no draft makes up for
+it, and decoding target-only is faster.
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import statistics
 
 
 GUARD_KS = (1, 2, 4)        # the k whose verify cost the guard measures (bounded by the bundle's max)
-# the guard keeps the draft when its bound reaches this; the loop's defaults measured 0.9-1.0 of the bound
+# the guard keeps the draft when its bound reaches this: the loop's defaults get about the bound, not more
 GUARD_MIN_BOUND = 1.0
 
 
@@ -33,8 +33,7 @@ def loop_costs(dec, prompt: list[int], *, ks, new_tokens: int = 32) -> dict:
     """c and r(k) from the loop itself: per-call engine times of short greedy requests, target-only and
     with k drafts a round, alternating (a target-only request before each k, their median the baseline;
     one more first, untimed, to warm up). A microbenchmark of the same calls misses what the loop does
-    between them (the demo target with int8 weights: r(1) 1.1-1.3 and c 0.3 in isolation, 1.55 and 0.42
-    in the loop)."""
+    between them, and reads c and r lower."""
     new_tokens = max(2, min(new_tokens, (dec.max_context - len(prompt)) // 2))
     run = lambda **kw: dec.generate(prompt, max_new_tokens=new_tokens, ignore_eos=True, temperature=0.0,
                                     stop=(), ngram=0, **kw).stats
@@ -54,9 +53,9 @@ def loop_costs(dec, prompt: list[int], *, ks, new_tokens: int = 32) -> dict:
 
 
 def speculation_pays(dec, prompt: list[int], *, max_k: int) -> tuple[bool, str]:
-    """Time the loop on `prompt` (7 short greedy requests: ~0.5 s on the demo pair) and say whether the
-    draft, at the acceptance it showed there, lets speculation reach GUARD_MIN_BOUND x target-only
-    decoding at its best k; the reason in words."""
+    """Time the loop on `prompt` (7 short greedy requests) and say whether the draft, at the acceptance
+    it showed there, lets speculation reach GUARD_MIN_BOUND x target-only decoding at its best k; the
+    reason in words."""
     ks = [k for k in GUARD_KS if k <= max_k] or [max_k]
     costs = loop_costs(dec, prompt, ks=ks)
     k, bound = best_bound(costs, costs["alpha"])

@@ -64,7 +64,7 @@ class SpeculativeDecoder:
         """Load a bundle written by spec-export; its manifest is checked before any graph loads.
 
         `speculative`: "auto" loads the draft and times the loop on the bundle's first prompt (seven short
-        greedy requests, ~0.5 s on the demo pair; specedge.runtime.costs): where the costs and acceptance
+        greedy requests; specedge.runtime.costs): where the costs and acceptance
         seen there give no k a Leviathan bound of 1.0x, the draft model is dropped and `draft_note` says
         why (requests then decode target-only, or with prompt lookup when they ask for it). True keeps
         the draft whatever it costs; False never loads it.
@@ -75,8 +75,8 @@ class SpeculativeDecoder:
 
         `threads` are the target's intra-op threads (0: onnxruntime's default, all cores), and
         `draft_threads` the draft's. The draft runs on the calling thread by default: two thread pools
-        taking turns spin against each other (demo pair, 2 cores, both sessions on 2 threads:
-        speculative 524 tokens/s against target-only 734), and a draft step is too small to split."""
+        taking turns spin against each other (docs/benchmarks.md, "Threads"), and a draft step is too
+        small to split."""
         if speculative not in (True, False, "auto"):
             raise ConfigError(f"speculative must be True, False or 'auto', got {speculative!r}")
         if min(threads, draft_threads) < 0:

@@ -40,7 +40,7 @@ def greedy_tokens(logits: np.ndarray, params: SamplingParams, **prefix) -> np.nd
 def probs(logits: np.ndarray, params: SamplingParams, **prefix) -> np.ndarray:
     """Warp logits [n, vocab] into probabilities [n, vocab] float32 (prefix: see penalized()).
 
-    float32 halves the host time of a round against float64; sampling takes its CDF in float64, and
+    float32 because it is cheaper on the host than float64; sampling takes its CDF in float64, and
     accept() reads the very q the draft token was drawn from, so exactness does not rest on it."""
     x = penalized(logits, params, **prefix)
     n, vocab = x.shape
@@ -87,10 +87,10 @@ _BLOCK = 128
 def sample(dist: np.ndarray, rng: np.random.Generator) -> int:
     """One draw from a probability vector [vocab] by inverse CDF (one uniform per draw).
 
-    Two-level: block sums, then the CDF inside the chosen block. np.cumsum is not vectorised
-    (~4 ns a token: 37 us for 8k tokens, the largest host cost of a sampled round); this reads the
-    vector once at SIMD speed and accumulates only ~vocab/128 + 128 terms. Exact in the same sense as
-    a full float64 CDF; a zero-probability token is never returned."""
+    Two-level: block sums, then the CDF inside the chosen block. np.cumsum is not vectorised (over the
+    whole vocabulary it was the largest host cost of a sampled round); this reads the vector once at
+    SIMD speed and accumulates only ~vocab/128 + 128 terms. Exact in the same sense as a full float64
+    CDF; a zero-probability token is never returned."""
     u = rng.random()
     blocks = -(-len(dist) // _BLOCK)
     w = np.zeros(blocks * _BLOCK)                # float64; the zero padding is never drawn

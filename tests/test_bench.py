@@ -1,4 +1,4 @@
-"""spec-bench on a tiny pair: every figure the issue names is written, and the bound is the formula."""
+"""spec-bench on a tiny pair: every figure of its JSON report is written, and the bound is the formula."""
 from __future__ import annotations
 
 import json

@@ -74,7 +74,7 @@ def test_greedy_speculative_is_the_target_and_the_draft_helps(decoder, pair):
 
 @pytest.mark.slow
 def test_target_greedy_continuations_are_not_loops(decoder, pair):
-    """The issue's bar (>= 40 % distinct tokens in 64-token greedy continuations) on the first 8 prompts:
+    """The quality target (>= 40 % distinct tokens in 64-token greedy continuations) on the first 8 prompts:
     0.46 for the shipped target; the previous release's target, which looped ("list(list(list(...") gave 0.29."""
     rows = read_prompts(pair["prompts"], records=True)[:8]
     distinct = []
@@ -127,7 +127,7 @@ def test_training_helpers_mark_loops_and_keep_prefixes():
 
 
 def test_eval_c_is_the_loops_draft_step_over_the_target_only_step():
-    """The bar's c: draft engine seconds per call in the speculative runs over target seconds per call in
+    """The quality targets' c: draft engine seconds per call in the speculative runs over target seconds per call in
     the target-only runs, pooled over prompts (not a mean of per-prompt ratios)."""
     import eval_demo_pair as ev
     from specedge.runtime import Stats

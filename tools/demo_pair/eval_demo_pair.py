@@ -1,4 +1,4 @@
-"""Measure the demo pair's quality bars (issue 4) with specedge's own runtime on the demo bundle (target
+"""Measure the demo pair's quality targets with specedge's own runtime on the demo bundle (target
 fp32, draft int8 weights: demo_bundle.py's DEMO_EXPORT, as tools/demo.py exports it), and write every
 figure as JSON plus the model card (markdown beside the weights).
 
@@ -16,10 +16,10 @@ Steps:
    recipe.evaluate; bytes per token from data.json);
 3. on the held-out prompts: alpha / acceptance rate / tokens per target call at K=4 greedy and at
    temperature 0.8 (seeded), the target's greedy continuations' distinct-token ratio (the "not loops"
-   bar), whether speculative greedy reproduces target-only greedy, c and r(4) as the loops made the calls
-   (the bar's c) and in spec-bench's microbenchmark (bench.ours.step_costs),
+   aim), whether speculative greedy reproduces target-only greedy, c and r(4) as the loops made the calls
+   (the c of the quality targets) and in spec-bench's microbenchmark (bench.ours.step_costs),
    and the speculative / target-only tokens/s ratio at K=4 greedy (interleaved, median over prompts);
-4. pass/fail for each of the issue's bars, in the JSON and the card.
+4. whether each quality target is met, in the JSON and the card.
 
 Everything runs with ONE thread (ONNX Runtime intra-op, BLAS, torch for the export).
 """
@@ -59,8 +59,8 @@ K = 4
 TEMPERATURE = 0.8
 THREADS = 1
 
-# The issue's quality bars: (key, figure, comparison, threshold, text).
-BARS = [
+# The demo pair's quality targets: (key, figure, comparison, aim).
+TARGETS = [
     ("target_top1", "target held-out top-1 accuracy", ">=", 0.45),
     ("target_distinct", "target 64-token greedy continuations: distinct-token ratio", ">=", 0.40),
     ("bpb_target_below_draft", "target held-out bits/byte < draft's", "<", None),
@@ -159,7 +159,7 @@ def stat_fields(stats) -> dict:
 
 
 def generation_eval(dec, prompts: list[dict], *, max_new_tokens: int) -> dict:
-    # every round drafts K (no early stop): alpha as the quality bars define it, at a fixed K
+    # every round drafts K (no early stop): alpha as the quality targets define it, at a fixed K
     # timed end to end, prefill included: every request prefills its whole prompt
     common = dict(max_new_tokens=max_new_tokens, ignore_eos=True, draft_confidence=0.0, prefix_cache=False)
     warm = prompts[0]["prompt"]
@@ -312,7 +312,7 @@ def heldout_overlap(data: dict, *, threshold: float = 0.5) -> dict:
             "bytes_fraction": sum(f["bytes"] for f in found) / total_bytes if total_bytes else 0.0}
 
 
-def bar_results(fig: dict) -> dict:
+def target_results(fig: dict) -> dict:
     values = {"target_top1": fig["heldout"]["target"]["top1"],
               "target_distinct": fig["generation"]["all"]["distinct"],
               "bpb_target_below_draft": (fig["heldout"]["target"]["bits_per_byte"],
@@ -321,14 +321,14 @@ def bar_results(fig: dict) -> dict:
               "alpha_t08_k4": fig["generation"]["all"]["t08_k4"]["alpha"],
               "c": fig["generation"]["all"]["loop_costs"]["c"]}
     out = {}
-    for key, text, op, threshold in BARS:
+    for key, text, op, threshold in TARGETS:
         v = values[key]
         if key == "bpb_target_below_draft":
-            passed = v[0] < v[1]
-            out[key] = {"text": text, "target": v[0], "draft": v[1], "pass": passed}
+            met = v[0] < v[1]
+            out[key] = {"text": text, "target": v[0], "draft": v[1], "met": met}
             continue
-        passed = v is not None and (v >= threshold if op == ">=" else v <= threshold)
-        out[key] = {"text": text, "value": v, "op": op, "threshold": threshold, "pass": passed}
+        met = v is not None and (v >= threshold if op == ">=" else v <= threshold)
+        out[key] = {"text": text, "value": v, "op": op, "threshold": threshold, "met": met}
     return out
 
 
@@ -367,7 +367,7 @@ def measure(args) -> dict:
     from specedge.runtime import GenerationConfig, SpeculativeDecoder, __version__
 
     dec = SpeculativeDecoder.from_bundle(args.bundle, threads=THREADS, config=GenerationConfig(),   # plain T
-                                         speculative=True)     # the bars are about the draft, whatever it costs
+                                         speculative=True)     # the targets are about the draft, whatever it costs
     data = json.loads(data_json.read_text())
     tokens = np.fromfile(heldout_bin, dtype=np.uint16)
     bpt = data["bytes_heldout"] / data["tokens_heldout"]
@@ -412,8 +412,8 @@ def measure(args) -> dict:
         "generation": generation,
         "step_costs": costs,
     }
-    fig["bars"] = bar_results(fig)
-    fig["all_bars_pass"] = all(b["pass"] for b in fig["bars"].values())
+    fig["targets"] = target_results(fig)
+    fig["all_targets_met"] = all(b["met"] for b in fig["targets"].values())
     fig["requirements"] = {
         "target_params_ge_10M": fig["models"]["target"]["parameters"] >= 10_000_000,
         "prompts_function_ge_50": prompt_counts.get("function", 0) >= 50,
@@ -457,9 +457,9 @@ def main(argv: list[str] | None = None) -> int:
     args.card.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(args.card, card(fig))
     log(f"wrote {args.card}")
-    for key, b in fig["bars"].items():
+    for key, b in fig["targets"].items():
         shown = f"{b['value']:.3f}" if "value" in b else f"{b['target']:.3f} vs {b['draft']:.3f}"
-        print(f"{'pass' if b['pass'] else 'FAIL'}  {b['text']}: {shown}")
+        print(f"{'met' if b['met'] else 'not met'}  {b['text']}: {shown}")
     print(f"total {fig['seconds_total']:.0f} s")
     return 0
 

@@ -20,7 +20,7 @@
 #                  python tools/demo_pair/train_demo_pair.py teacher --work $W
 #                  python tools/demo_pair/train_demo_pair.py package --work $W --out $W/models
 #                  python tools/demo_pair/eval_demo_pair.py --models $W/models --work $W --bundle bundles/demo-$(basename $W) \
-#                      --json $W/eval.json --card $W/card.md     # alpha and c of each draft against the bars
+#                      --json $W/eval.json --card $W/card.md     # alpha and c of each draft against the quality targets
 #                done
 # (tested end to end on CPU, flow back included, with SHAPES="2x64 1x64x128" DRAFT_MIN=0.2 COOLDOWN=3 BATCH=4
 #  PYTHON=.venv/bin/python)

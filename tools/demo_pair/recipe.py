@@ -23,8 +23,8 @@ TVD_TEMPERATURE = 0.8    # the sampled benchmark's temperature: --tvd optimises 
 
 TARGET = dict(hidden_size=384, intermediate_size=1024, num_hidden_layers=6, num_attention_heads=6,
               num_key_value_heads=2)
-# 4 layers cost the same as 2 in onnxruntime (a 128-wide draft's step is its 8k x 128 head plus
-# per-run overhead: 0.19 ms for 2 or 4 layers, measured) and hold twice the non-embedding weights
+# 4 layers cost about what 2 do in onnxruntime (a 128-wide draft's step is mostly its 8k x 128 head
+# and per-run overhead) and hold twice the non-embedding weights
 DRAFT = dict(hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_attention_heads=4,
              num_key_value_heads=2)
 

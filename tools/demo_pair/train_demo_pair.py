@@ -105,9 +105,7 @@ def phase_data(work: Path) -> None:
 
 def draft_shape(shape: str) -> dict:
     """"LxH" or "LxHxM" -> a draft of L layers, hidden H, MLP M (default 3H), head_dim 32, 2 KV heads
-    (DRAFT is "4x128"). Width is cheaper than depth at one token a step (onnxruntime, int8, 1 CPU thread,
-    after a target verify): MLP 768 instead of 384 cost 4x128 11 % more per step, and 3x128x768 cost 12 %
-    less than 4x128."""
+    (DRAFT is "4x128"). Width is cheaper than depth at one token a step (docs/benchmarks.md)."""
     try:
         dims = [int(v) for v in shape.lower().split("x")]
         if len(dims) not in (2, 3):
@@ -256,8 +254,8 @@ def train(kind: str, work: Path, args) -> None:
         x, y = x.to(dev), y.to(dev)
         if teacher is not None and onp["rows"]:
             x, y = target_continued(teacher, x, y, rows=onp["rows"], seed=int(rng.integers(1 << 62)))
-        # bf16 autocast (fp32 master weights and optimizer): 2.5x the fp32 throughput on this
-        # machine's AVX512-BF16 cores, measured at 1 thread
+        # bf16 autocast (fp32 master weights and optimizer): much faster than fp32 where the CPU has
+        # bf16 units (docs/benchmarks.md)
         with torch.autocast(dev, dtype=torch.bfloat16, enabled=args.bf16):
             logits = model(input_ids=x).logits.float()
             if teacher is not None:

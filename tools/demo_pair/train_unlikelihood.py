@@ -11,10 +11,8 @@ import numpy as np
 from recipe import (SEED, batches, build, continuation, function_openings, is_held_out, save, stdlib_files,
                     stdlib_train_tokens)
 
-# the target's fine-tune against greedy loops. Measured on 40 held-out openings that are not eval prompts:
-# distinct 0.35 -> 0.45 at +0.06 nats of held-out loss after 100 steps at a constant 5e-5; 2e-4 and
-# 1e-4 reached 0.50-0.58 for +0.11-0.29 and then regressed (the model flattened its loops instead).
-# Shipped (200 steps, decayed): eval distinct 0.32 -> 0.45 for +0.075 nats
+# the target's fine-tune against greedy loops: a low LR, since higher ones gained more at first and then
+# regressed, the model flattening its loops instead (the runs behind these settings: docs/benchmarks.md)
 UNLIKELIHOOD = dict(steps=200, lr=5e-5, warmup=20, ngram=4, weight=0.25, prefix=96, new=64)
 
 
