@@ -145,6 +145,11 @@ def table(result: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from specedge.runtime.console import guarded
+    return guarded(_main, argv)
+
+
+def _main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.quick:
         args.n_prompts, args.ks, args.max_new_tokens, args.repeats = 3, "2,4,6", 48, 2

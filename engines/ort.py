@@ -86,7 +86,7 @@ class OrtEngine:
                  io_binding: bool | None = None, share_buffer: bool = False, num_kv_heads: int | None = None,
                  head_dim: int | None = None):
         ort = import_onnxruntime()
-        path = Path(path)
+        path = self.path = Path(path)
         if not path.is_file():
             raise EngineError(f"ONNX graph {path} does not exist; re-export the bundle with spec-export")
         try:
@@ -205,7 +205,11 @@ class OrtEngine:
             logits = self._kv.run(inputs, total, keep if self.has_logits_to_keep else n, into)
         except Exception as e:  # onnxruntime's own classes (Fail, RuntimeException: OOM, ...)
             raise self._failed(e, total) from e
-        return logits[0, -keep:, :self.vocab_size]                   # [keep, vocab]
+        out = logits[0, -keep:, :self.vocab_size]                    # [keep, vocab]
+        if not np.isfinite(out).all():        # corrupt weights or an fp16 overflow: never sample from NaN
+            raise EngineError(f"{self.path.name} produced non-finite logits at {total} tokens: its weights are "
+                              f"corrupt or overflow in this precision; re-export the bundle (fp32)")
+        return out
 
     def _failed(self, e: Exception, total: int) -> EngineError:
         message = str(e)

@@ -170,7 +170,7 @@ def export_one(src: Path, dst: Path, *, role: str, dtype: str, max_context: int 
                   file=sys.stderr)
     bound = PARITY_BOUND.get(dtype)
     worst = max(d["max_rel_diff"] for d in parity.values())
-    if bound is not None and worst > bound:
+    if not (worst <= bound if bound is not None else worst < float("inf")):     # NaN fails both
         raise ExportError(f"{role}: ONNX Runtime and PyTorch disagree (max relative logit difference {worst:.2e} "
                           f"> {bound:g} for {dtype}); the graph is wrong for this model -- please report it "
                           f"(parity: {parity})")

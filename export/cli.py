@@ -38,6 +38,11 @@ def _common(ap: argparse.ArgumentParser) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from specedge.runtime.console import guarded
+    return guarded(_main, argv)
+
+
+def _main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     single = bool(argv) and argv[0] == "model"
     ap = argparse.ArgumentParser(prog="spec-export model" if single else "spec-export",

@@ -373,6 +373,11 @@ def summary(cert: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from specedge.runtime.console import guarded
+    return guarded(_main, argv)
+
+
+def _main(argv: list[str] | None = None) -> int:
     d = CheckConfig()
     ap = argparse.ArgumentParser(prog="spec-check", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)

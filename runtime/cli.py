@@ -89,6 +89,33 @@ def _no_constant(name: str):
     raise ValueError(f"{name} is not JSON")
 
 
+MAX_LINE_BYTES = 1 << 20     # a request line; longer ones are answered with an error, unread
+
+
+class _TooLong:
+    def __init__(self, size: int):
+        self.size = size
+
+
+def bounded_lines(stream, cap: int = MAX_LINE_BYTES):
+    """The lines of a binary stream; a line longer than `cap` bytes is skipped in chunks (never held
+    whole) and given as a _TooLong marker."""
+    while True:
+        line = stream.readline(cap + 1)
+        if not line:
+            return
+        if len(line) <= cap or line.endswith(b"\n") and len(line) <= cap + 1:
+            yield line
+            continue
+        size = len(line)
+        while not line.endswith(b"\n"):
+            line = stream.readline(cap)
+            if not line:
+                break
+            size += len(line)
+        yield _TooLong(size)
+
+
 def serve_jsonl(dec, lines, out) -> int:
     """One request per line of `lines` (JSON), one JSON result per line to `out`; returns the number of
     lines answered with an error. A bad line is answered, never fatal."""
@@ -96,6 +123,8 @@ def serve_jsonl(dec, lines, out) -> int:
     for n, line in enumerate(lines, 1):
         rid = None
         try:
+            if isinstance(line, _TooLong):
+                raise ConfigError(f"the line has {line.size} bytes, more than the {MAX_LINE_BYTES} a request may have")
             if isinstance(line, bytes):       # standard input as bytes: a bad line is that line's error
                 try:
                     line = line.decode("utf-8")
@@ -105,8 +134,8 @@ def serve_jsonl(dec, lines, out) -> int:
                 continue
             try:
                 req = json.loads(line, parse_constant=_no_constant)
-            except (json.JSONDecodeError, ValueError) as e:
-                raise ConfigError(f"not JSON ({e})") from None
+            except (json.JSONDecodeError, ValueError, RecursionError) as e:
+                raise ConfigError(f"not JSON ({type(e).__name__}: {str(e)[:200]})") from None
             if not isinstance(req, dict) or ("prompt" in req) == ("messages" in req):
                 raise ConfigError('each line must be a JSON object with a "prompt" or "messages" (not both)')
             rid = req.pop("id", None)
@@ -119,6 +148,9 @@ def serve_jsonl(dec, lines, out) -> int:
         except (SpecedgeError, TypeError) as e:    # this request fails, the next one runs
             errors += 1
             reply = {"error": f"line {n}: {e}"}
+        except Exception as e:      # a defect of ours: still answered, and the next request still runs
+            errors += 1
+            reply = {"error": f"line {n}: internal error {type(e).__name__}: {str(e)[:200]} (please report it)"}
         if rid is not None:
             reply = {"id": rid, **reply}
         out.write(json.dumps(reply) + "\n")
@@ -127,6 +159,11 @@ def serve_jsonl(dec, lines, out) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from specedge.runtime.console import guarded
+    return guarded(_main, argv)
+
+
+def _main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     given = (args.prompt is not None) + (args.chat is not None) + args.jsonl
     if given != 1 or args.jsonl and (args.json or args.stream) or args.system is not None and args.chat is None:
@@ -146,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"spec-run: {dec.draft_note}", file=sys.stderr)
         if args.jsonl:
             try:
-                serve_jsonl(dec, sys.stdin.buffer, sys.stdout)
+                serve_jsonl(dec, bounded_lines(sys.stdin.buffer), sys.stdout)
             except BrokenPipeError:       # the reader went away: nothing left to answer
                 os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             return 0

@@ -1,10 +1,15 @@
 """One source of defaults: frozen dataclasses, checked in __post_init__. TOML and CLI map onto them."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 from .errors import ConfigError
+
+
+MIN_TEMPERATURE = 1e-4               # logits / T stay finite in float32
+PENALTY_RANGE = (1e-3, 1e3)
 
 
 @dataclass(frozen=True)
@@ -19,14 +24,19 @@ class SamplingParams:
         for name in ("temperature", "top_p", "repetition_penalty"):
             if isinstance(getattr(self, name), bool) or not isinstance(getattr(self, name), (int, float)):
                 raise ConfigError(f"{name} must be a number, got {getattr(self, name)!r}")
-        if not self.temperature >= 0:
-            raise ConfigError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        for name in ("temperature", "top_p", "repetition_penalty"):
+            if not math.isfinite(getattr(self, name)):
+                raise ConfigError(f"{name} must be a finite number, got {getattr(self, name)}")
+        if not (self.temperature == 0 or self.temperature >= MIN_TEMPERATURE):
+            raise ConfigError(f"temperature must be 0 (greedy) or >= {MIN_TEMPERATURE} (lower only overflows the "
+                              f"logits), got {self.temperature}")
         if isinstance(self.top_k, bool) or not (isinstance(self.top_k, int) and self.top_k >= 0):
             raise ConfigError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k}")
         if not 0 < self.top_p <= 1:
             raise ConfigError(f"top_p must be in (0, 1] (1 = off), got {self.top_p}")
-        if not self.repetition_penalty > 0:
-            raise ConfigError(f"repetition_penalty must be > 0 (1 = off), got {self.repetition_penalty}")
+        if not PENALTY_RANGE[0] <= self.repetition_penalty <= PENALTY_RANGE[1]:
+            raise ConfigError(f"repetition_penalty must be in [{PENALTY_RANGE[0]}, {PENALTY_RANGE[1]}] (1 = off; "
+                              f"beyond, logits overflow), got {self.repetition_penalty}")
 
     @property
     def greedy(self) -> bool:

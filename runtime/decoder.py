@@ -20,6 +20,7 @@ from .sampling import accept, accept_greedy, greedy_tokens, probs
 from .text import TextStream
 
 __all__ = ["Result", "SpeculativeDecoder", "Stats", "Stream"]
+MAX_THREADS = 1024      # onnxruntime spins up every thread it is given: far beyond the cores only hangs
 
 
 class SpeculativeDecoder:
@@ -79,8 +80,9 @@ class SpeculativeDecoder:
         small to split."""
         if speculative not in (True, False, "auto"):
             raise ConfigError(f"speculative must be True, False or 'auto', got {speculative!r}")
-        if min(threads, draft_threads) < 0:
-            raise ConfigError(f"threads must be >= 0 (0 = all cores), got threads={threads}, "
+        if any(isinstance(t, bool) or not isinstance(t, int) or not 0 <= t <= MAX_THREADS
+               for t in (threads, draft_threads)):
+            raise ConfigError(f"threads must be integers in [0, {MAX_THREADS}] (0 = all cores), got threads={threads}, "
                               f"draft_threads={draft_threads}")
         from specedge.engines import OrtEngine
         from tokenizers import Tokenizer

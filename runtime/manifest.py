@@ -153,6 +153,11 @@ class Manifest:
             raise BundleError(f"{path} is not valid JSON ({e}); re-export the bundle") from e
         m = cls.from_dict(d)
         files = [m.tokenizer] + [info.file for info in m.models.values()] + [f for f in (m.prompts, m.chat_template) if f]
+        root = folder.resolve()
+        outside = [f for f in files if not isinstance(f, str) or not (folder / f).resolve().is_relative_to(root)]
+        if outside:
+            raise BundleError(f"the manifest names {outside[0]!r}, which is outside the bundle {folder}; a bundle's "
+                              f"files live inside its folder: re-export it with spec-export")
         missing = [f for f in files if not (folder / f).is_file()]
         if missing:
             raise BundleError(f"bundle {folder} is missing {', '.join(missing)}; re-export it with spec-export")

@@ -74,7 +74,7 @@ def _top_p(row: np.ndarray, top_p: float) -> None:
                 break
     order = idx[np.argsort(-row[idx], kind="stable")]
     sorted_p = row[order]
-    keep = order[np.cumsum(sorted_p) - sorted_p < top_p]
+    keep = order[:max(1, int(np.count_nonzero(np.cumsum(sorted_p) - sorted_p < top_p)))]   # the top one at least
     total = row[keep].sum()
     kept = row[keep] / total
     row[:] = 0.0

@@ -52,12 +52,15 @@ def smollm2(argv: list[str]) -> int:
     bundle = ROOT / "bundles" / "smollm2"
     if ensure_bundle(bundle, target, draft, prompts, settings=SMOLLM2_EXPORT):
         print(f"using cached bundle {bundle.relative_to(ROOT)}")
-    dec = SpeculativeDecoder.from_bundle(bundle, threads=1, speculative=True)
+    dec = SpeculativeDecoder.from_bundle(bundle, threads=1)     # the start-up check decides on the draft
+    if dec.draft_note:
+        print(dec.draft_note)
     messages = [{"role": "user", "content": argv[0] if argv else SMOLLM2_PROMPT}]
     settings = dict(max_new_tokens=128, temperature=0.0)
     for spec in (True, False):                 # warm-up
         dec.generate(messages=messages, max_new_tokens=4, speculative=spec)
-    print(f"\n--- user ---\n{messages[0]['content']}\n--- SmolLM2-135M-Instruct (speculative, greedy) ---")
+    mode = "speculative" if dec.draft is not None else "target only"
+    print(f"\n--- user ---\n{messages[0]['content']}\n--- SmolLM2-135M-Instruct ({mode}, greedy) ---")
     stream = dec.stream(messages=messages, **settings)
     for piece in stream:
         sys.stdout.write(piece)

@@ -1,0 +1,104 @@
+"""Hostile input gets one clear error, never a traceback, a silent NaN or a lost request."""
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from specedge.runtime import BundleError, ConfigError, SamplingParams, SpeculativeDecoder
+from specedge.runtime.cli import bounded_lines, serve_jsonl
+from specedge.runtime.errors import EngineError
+from specedge.runtime.sampling import probs, sample
+
+
+@pytest.mark.parametrize("kw, match", [(dict(temperature=float("inf")), "finite"),
+                                       (dict(temperature=float("nan")), "finite"),
+                                       (dict(temperature=1e-40), "temperature must be 0"),
+                                       (dict(temperature=0.8, repetition_penalty=1e-40), "repetition_penalty"),
+                                       (dict(top_p=float("nan")), "finite")])
+def test_parameters_that_only_make_nan_are_refused(kw, match):
+    with pytest.raises(ConfigError, match=match):
+        SamplingParams(**kw)
+
+
+def test_a_tiny_top_p_keeps_the_most_likely_token():
+    x = np.random.default_rng(0).standard_normal((3, 500)).astype(np.float32)
+    p = probs(x.copy(), SamplingParams(temperature=1.0, top_p=1e-300))
+    assert np.allclose(p.sum(1), 1) and (np.count_nonzero(p, axis=1) == 1).all()
+    assert (p.argmax(1) == x.argmax(1)).all() and sample(p[0], np.random.default_rng(1)) == x[0].argmax()
+
+
+@pytest.fixture()
+def bundle_copy(pair_bundles, tmp_path):
+    dst = tmp_path / "b"
+    shutil.copytree(pair_bundles["agree"], dst)
+    return dst
+
+
+@pytest.mark.parametrize("where", ["../../elsewhere/model.onnx", "/etc/passwd"])
+def test_manifest_paths_stay_inside_the_bundle(bundle_copy, where):
+    m = json.loads((bundle_copy / "manifest.json").read_text())
+    m["models"]["target"]["file"] = where
+    (bundle_copy / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(BundleError, match="outside the bundle"):
+        SpeculativeDecoder.from_bundle(bundle_copy, threads=1, speculative=False)
+
+
+def test_corrupt_weights_are_an_error_not_an_empty_answer(bundle_copy):
+    data = bundle_copy / "target" / "model.onnx.data"
+    data.write_bytes(b"\xff" * data.stat().st_size)         # every float a NaN
+    with pytest.raises(EngineError, match="non-finite logits"):
+        dec = SpeculativeDecoder.from_bundle(bundle_copy, threads=1, speculative=False)
+        dec.generate("def f(x):", max_new_tokens=4)
+
+
+def test_threads_beyond_reason_are_refused(pair_bundles):
+    for bad in (10 ** 10, 5000, -1, 1.5, True):
+        with pytest.raises(ConfigError, match="threads must be integers"):
+            SpeculativeDecoder.from_bundle(pair_bundles["agree"], threads=bad)
+
+
+def test_every_jsonl_line_is_answered(pair_bundles):
+    dec = SpeculativeDecoder.from_bundle(pair_bundles["agree"], threads=1, speculative=True)
+    raw = b"".join([json.dumps({"id": 1, "prompt": "x", "max_new_tokens": 2, "temperature": 1.0, "top_p": 1e-300}
+                               ).encode() + b"\n",
+                    b"[" * 100_000 + b"\n",
+                    b'{"id": 3, "prompt": "' + b"a" * (2 << 20) + b'"}\n',
+                    json.dumps({"id": 4, "prompt": "y", "max_new_tokens": "many"}).encode() + b"\n",
+                    json.dumps({"id": 5, "prompt": "z", "max_new_tokens": 2}).encode() + b"\n"])
+    out = io.StringIO()
+    errors = serve_jsonl(dec, bounded_lines(io.BytesIO(raw)), out)
+    replies = [json.loads(x) for x in out.getvalue().splitlines()]
+    assert len(replies) == 5 and errors == 3
+    assert replies[0]["id"] == 1 and len(replies[0]["token_ids"]) == 2
+    assert "not JSON" in replies[1]["error"] and "more than" in replies[2]["error"]
+    assert replies[3]["id"] == 4 and "max_new_tokens" in replies[3]["error"]
+    assert replies[4]["id"] == 5 and len(replies[4]["token_ids"]) == 2
+
+
+def _spec_run(*args, **kw):
+    return subprocess.Popen([sys.executable, "-m", "specedge.runtime.cli", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, **kw)
+
+
+@pytest.mark.slow
+def test_ctrl_c_and_a_closed_pipe_end_quietly(pair_bundles):
+    b = str(pair_bundles["agree"])
+    proc = _spec_run(b, "--jsonl", "--threads", "1", "--no-speculation", stdin=subprocess.PIPE)
+    proc.stdin.write(json.dumps({"prompt": "x", "max_new_tokens": 2}).encode() + b"\n")
+    proc.stdin.flush()
+    assert proc.stdout.readline()                  # loaded and answering: now idle on standard input
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and b"Traceback" not in err
+    proc = _spec_run(b, "def f(x):", "--stream", "--max-new-tokens", "200", "--threads", "1", "--no-speculation")
+    proc.stdout.close()                            # the reader went away (as `| head` does)
+    err = proc.stderr.read()
+    assert proc.wait(timeout=60) in (0, 1) and b"Traceback" not in err and b"BrokenPipe" not in err
