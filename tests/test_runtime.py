@@ -422,7 +422,7 @@ def test_more_bad_parameters(decoders, pair_bundles, tmp_path):
     (tmp_path / "s.toml").write_text('stop = "###"\n')
     with pytest.raises(ConfigError, match="stop must be a sequence"):
         load_toml(tmp_path / "s.toml")
-    tiny_t = probs(np.array([[1.0, 3.0, 2.0]], np.float32), SamplingParams(temperature=1e-40))
+    tiny_t = probs(np.array([[1.0, 3.0, 2.0]], np.float32), SamplingParams(temperature=1e-4))   # the least allowed
     assert np.array_equal(tiny_t, [[0.0, 1.0, 0.0]])
     b = _bundle_copy(pair_bundles["agree"], tmp_path / "tok")
     (b / "tokenizer.json").write_text("{not json")
