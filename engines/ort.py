@@ -57,7 +57,12 @@ def resolve_providers(requested: list[str] | None) -> list[str]:
     """Map aliases to provider names, keep the available ones (warning on the rest), end with CPU."""
     ort = import_onnxruntime()
     available = set(ort.get_available_providers())
-    names = [PROVIDER_ALIASES.get(p.lower(), p) for p in (requested or ["cpu"])]
+    names = [PROVIDER_ALIASES.get(p.strip().lower(), p.strip()) for p in (requested or ["cpu"])]
+    known = set(PROVIDER_ALIASES.values()) | set(ort.get_all_providers())
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise EngineError(f"unknown execution provider {unknown[0]!r}; use {', '.join(PROVIDER_ALIASES)} (or an "
+                          f"onnxruntime provider name)")
     chosen = [n for n in names if n in available]
     dropped = [n for n in names if n not in available]
     if dropped:

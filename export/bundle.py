@@ -189,6 +189,26 @@ def _reference_dtype(dtype: str) -> str:
     return "fp32" if dtype in QUANTIZED else dtype
 
 
+OWNER = ".spec-export-pid"     # in a partial export: the process writing it
+
+
+def _remove_stale_partials(out: Path) -> None:
+    """Partial exports of `out` that an interrupted spec-export left behind: ours (they hold OWNER) and
+    whose process is gone. Anything else is left alone."""
+    for tmp in out.parent.glob(f".{out.name}.partial-*"):
+        try:
+            pid = int((tmp / OWNER).read_text())
+        except (OSError, ValueError):
+            continue
+        try:
+            os.kill(pid, 0)
+            continue                     # still running (another export of the same folder)
+        except ProcessLookupError:
+            shutil.rmtree(tmp, ignore_errors=True)
+        except OSError:
+            continue
+
+
 @contextlib.contextmanager
 def staged(out: Path, *, overwrite: bool):
     """Yield a temp folder beside `out`; on success it replaces `out`, on failure it vanishes."""
@@ -199,12 +219,15 @@ def staged(out: Path, *, overwrite: bool):
         raise ExportError(f"{out} exists and is not a bundle (no {MANIFEST}); --overwrite only replaces "
                           f"bundles -- choose another --out")
     out.parent.mkdir(parents=True, exist_ok=True)
+    _remove_stale_partials(out)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    (tmp / OWNER).write_text(str(os.getpid()))
     umask = os.umask(0)
     os.umask(umask)
     os.chmod(tmp, 0o777 & ~umask)          # mkdtemp makes it 0700; a bundle is read by other users too
     try:
         yield tmp
+        (tmp / OWNER).unlink()
         if out.exists():
             old = out.with_name(f".{out.name}.old-{tmp.name[-8:]}")
             out.rename(old)

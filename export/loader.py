@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from .architectures import REGISTRY, Arch, supported
@@ -14,8 +15,11 @@ from specedge.runtime.errors import ExportError
 def read_config(folder: Path) -> dict:
     folder = Path(folder)
     if not folder.is_dir():
+        hub = re.fullmatch(r"[\w.-]+/[\w.-]+", str(folder)) and not folder.parent.exists()
+        hint = (f"; it looks like a Hugging Face hub id: download it first, e.g. `huggingface-cli download "
+                f"{folder} --local-dir models/{folder.name}`, and pass that folder") if hub else ""
         raise ExportError(f"model folder {folder} does not exist; pass a Hugging Face model folder "
-                          f"(config.json + *.safetensors + tokenizer)")
+                          f"(config.json + *.safetensors + tokenizer) or a .gguf file{hint}")
     cfg = folder / "config.json"
     if not cfg.is_file():
         raise ExportError(f"{folder} has no config.json: not a Hugging Face model folder")

@@ -302,7 +302,7 @@ def certify(bundle: str | Path, cfg: CheckConfig = CheckConfig(), *, providers: 
     if prompts is None:
         prompts = read_prompts(bundle / m.prompts) if m.prompts else []
     if not prompts:
-        raise ConfigError(f"bundle {bundle} ships no prompts: give some with --prompts-file FILE "
+        raise ConfigError(f"bundle {bundle} ships no prompts: give some with --prompts FILE "
                           f"(JSONL, one {{\"prompt\": ...}} a line)")
     greedy_ids = check_prompts(dec, prompts, n=cfg.prompts, room=room)
     if not greedy_ids:
@@ -383,7 +383,8 @@ def _main(argv: list[str] | None = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("bundle", help="bundle folder written by spec-export")
     ap.add_argument("--json", type=Path, help="write the certificate here (JSON)")
-    ap.add_argument("--prompts-file", type=Path, help="JSONL prompts (default: the bundle's own)")
+    ap.add_argument("--prompts", "--prompts-file", dest="prompts_file", type=Path,
+                    help="JSONL prompts (default: the bundle's own)")
     ap.add_argument("--prompts", type=int, default=d.prompts, help=f"prompts for the greedy check (default {d.prompts})")
     ap.add_argument("--new-tokens", type=int, default=d.new_tokens, help=f"greedy tokens per request (default {d.new_tokens})")
     ap.add_argument("--k", default="", help="comma list of k to check (default: 1, the default k, the bundle's max)")

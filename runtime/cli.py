@@ -166,12 +166,19 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     given = (args.prompt is not None) + (args.chat is not None) + args.jsonl
+    if args.json and args.stream:
+        print("spec-run: error: --json prints one object at the end and --stream prints text as it comes; "
+              "choose one", file=sys.stderr)
+        return 2
     if given != 1 or args.jsonl and (args.json or args.stream) or args.system is not None and args.chat is None:
         print("spec-run: error: give one of a prompt, --chat MESSAGE, or --jsonl to read requests from standard "
               "input (--jsonl answers in JSON lines, without --json or --stream; --system goes with --chat)",
               file=sys.stderr)
         return 2
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    if prompt and args.prompt != "-" and "\n" not in prompt and len(prompt) < 4096 and os.path.isfile(prompt):
+        print(f"spec-run: note: the prompt is the text {prompt!r}; for the file's contents use: spec-run "
+              f"{args.bundle} - < {prompt}", file=sys.stderr)
     try:
         cfg = config_from_args(args, model_defaults(Manifest.load(args.bundle).generation))
         from .decoder import SpeculativeDecoder

@@ -4,9 +4,15 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
+
+
+def _one_line(message, category, filename, lineno, file=None, line=None) -> str:
+    return f"{os.path.basename(sys.argv[0]) or 'specedge'}: warning: {message}\n"
 
 
 def guarded(main, argv=None) -> int:
+    warnings.formatwarning = _one_line      # e.g. "CUDA is not in this onnxruntime build": one line, no source
     try:
         return main(argv)
     except KeyboardInterrupt:

@@ -143,6 +143,8 @@ class Manifest:
         """Read and check a bundle: the format version, and that every file it names exists."""
         folder = Path(folder)
         path = folder / MANIFEST
+        if folder.is_file():
+            raise BundleError(f"{folder} is a file; a bundle is the folder spec-export wrote (with {MANIFEST})")
         if not folder.is_dir():
             raise BundleError(f"bundle folder {folder} does not exist; create one with spec-export")
         if not path.is_file():

@@ -102,3 +102,35 @@ def test_ctrl_c_and_a_closed_pipe_end_quietly(pair_bundles):
     proc.stdout.close()                            # the reader went away (as `| head` does)
     err = proc.stderr.read()
     assert proc.wait(timeout=60) in (0, 1) and b"Traceback" not in err and b"BrokenPipe" not in err
+
+
+def test_misleading_inputs_get_the_right_message(pair_bundles, tmp_path, capsys):
+    from specedge.export import export_bundle
+    from specedge.runtime.cli import main as run_main
+    from specedge.runtime.errors import ExportError
+    b = str(pair_bundles["agree"])
+    with pytest.raises(EngineError, match="unknown execution provider 'gpu'"):
+        SpeculativeDecoder.from_bundle(b, providers=["gpu"], threads=1)
+    assert run_main([b, "x", "--providers", "gpu", "--threads", "1"]) == 2
+    assert run_main([b, "x", "--json", "--stream"]) == 2
+    capsys.readouterr()
+    with pytest.raises(BundleError, match="is a file"):
+        SpeculativeDecoder.from_bundle(pair_bundles["agree"] / "manifest.json")
+    note = tmp_path / "prompt.txt"
+    note.write_text("def f(x):")
+    assert run_main([b, str(note), "--max-new-tokens", "2", "--threads", "1", "--no-speculation"]) == 0
+    assert "for the file's contents use" in capsys.readouterr().err
+    with pytest.raises(ExportError, match="hub id: download it first"):
+        export_bundle(target="Qwen/Qwen2.5-0.5B", draft=None, out=tmp_path / "q")
+
+
+def test_an_interrupted_exports_partial_folder_is_cleaned_up_by_the_next(tmp_path):
+    from specedge.export.bundle import OWNER, _remove_stale_partials
+    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead, alive, foreign = (tmp_path / f".b.partial-{s}" for s in ("dead", "alive", "foreign"))
+    for d in (dead, alive, foreign):
+        d.mkdir()
+    (dead / OWNER).write_text(done.stdout.strip())           # its process has exited
+    (alive / OWNER).write_text(str(os.getpid()))
+    _remove_stale_partials(tmp_path / "b")
+    assert not dead.exists() and alive.exists() and foreign.exists()
