@@ -385,7 +385,8 @@ def _main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, help="write the certificate here (JSON)")
     ap.add_argument("--prompts", "--prompts-file", dest="prompts_file", type=Path,
                     help="JSONL prompts (default: the bundle's own)")
-    ap.add_argument("--prompts", type=int, default=d.prompts, help=f"prompts for the greedy check (default {d.prompts})")
+    ap.add_argument("--n-prompts", type=int, default=d.prompts, dest="n_prompts",
+                    help=f"prompts for the greedy check (default {d.prompts})")
     ap.add_argument("--new-tokens", type=int, default=d.new_tokens, help=f"greedy tokens per request (default {d.new_tokens})")
     ap.add_argument("--k", default="", help="comma list of k to check (default: 1, the default k, the bundle's max)")
     ap.add_argument("--lookup", type=int, default=d.lookup, help=f"n-gram of the prompt-lookup mode (0 = none; default {d.lookup})")
@@ -406,7 +407,7 @@ def _main(argv: list[str] | None = None) -> int:
             ks = tuple(int(k) for k in args.k.split(",") if k.strip())
         except ValueError:
             raise ConfigError(f"--k takes a comma list of integers such as 1,4, not {args.k!r}") from None
-        cfg = CheckConfig(prompts=args.prompts, new_tokens=args.new_tokens, ks=ks, lookup=args.lookup,
+        cfg = CheckConfig(prompts=args.n_prompts, new_tokens=args.new_tokens, ks=ks, lookup=args.lookup,
                           samples=args.samples, sampling_prompts=args.sampling_prompts, temperature=args.temperature,
                           top_k=args.top_k, top_p=args.top_p, family_alpha=args.family_alpha, seed=args.seed)
         prompts = read_prompts(args.prompts_file) if args.prompts_file else None

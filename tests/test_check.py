@@ -98,7 +98,7 @@ def test_cli_writes_a_certificate(pair_bundles, tmp_path):
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
     out = tmp_path / "cert.json"
-    code = main([str(pair_bundles["agree"]), "--prompts-file", str(prompts), "--prompts", "1", "--new-tokens", "8",
+    code = main([str(pair_bundles["agree"]), "--prompts", str(prompts), "--n-prompts", "1", "--new-tokens", "8",
                  "--k", "2", "--lookup", "0", "--samples", "200", "--sampling-prompts", "1", "--threads", "1",
                  "--json", str(out)])
     cert = json.loads(out.read_text())
@@ -117,7 +117,7 @@ def test_cli_writes_a_certificate(pair_bundles, tmp_path):
     (["--json", "/nonexistent/dir/c.json"], "does not exist"),
 ])
 def test_cli_bad_input(pair_bundles, capsys, argv, needle):
-    assert main([str(pair_bundles["agree"]), "--prompts", "1", "--samples", "0", *argv]) == 2
+    assert main([str(pair_bundles["agree"]), "--n-prompts", "1", "--samples", "0", *argv]) == 2
     assert needle in capsys.readouterr().err
 
 
@@ -125,7 +125,7 @@ def test_cli_missing_bundle_and_prompts(tmp_path, pair_bundles, capsys):
     assert main([str(tmp_path / "nope")]) == 2
     assert "does not exist" in capsys.readouterr().err
     assert main([str(pair_bundles["agree"]), "--samples", "0"]) == 2      # the tiny bundles ship no prompts
-    assert "--prompts-file" in capsys.readouterr().err
+    assert "--prompts FILE" in capsys.readouterr().err
 
 
 @pytest.mark.slow

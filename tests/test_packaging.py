@@ -87,7 +87,7 @@ def test_wheel_installs_and_runs_in_a_fresh_venv_without_torch(tmp_path, pair_bu
     assert len(json.loads(run.stdout)["token_ids"]) == 6
     prompts = tmp_path / "prompts.jsonl"        # spec-check: numpy and onnxruntime only (no scipy)
     prompts.write_text(json.dumps({"prompt": "def f(x):"}) + "\n")
-    check = subprocess.run([str(env_dir / "bin" / "spec-check"), str(pair_bundles["agree"]), "--prompts-file",
+    check = subprocess.run([str(env_dir / "bin" / "spec-check"), str(pair_bundles["agree"]), "--prompts",
                             str(prompts), "--new-tokens", "6", "--k", "2", "--samples", "100", "--sampling-prompts",
                             "1", "--json", str(tmp_path / "cert.json")], capture_output=True, text=True, timeout=300)
     assert check.returncode == 0 and "verdict   PASS" in check.stdout, check.stdout + check.stderr
