@@ -130,7 +130,7 @@ def serve_jsonl(dec, lines, out) -> int:
                     line = line.decode("utf-8")
                 except UnicodeDecodeError as e:
                     raise ConfigError(f"not UTF-8 ({e})") from None
-            if not line.strip():
+            if not line.strip(" \t\r\n"):      # blank in JSON's sense
                 continue
             try:
                 req = json.loads(line, parse_constant=_no_constant)

@@ -103,7 +103,7 @@ class GenerationConfig:
                               f"repetition_penalty flat), got {type(self.sampling).__name__}")
         if not (isinstance(self.prefill_chunk, int) and self.prefill_chunk >= 1):
             raise ConfigError(f"prefill_chunk must be an integer >= 1, got {self.prefill_chunk}")
-        if isinstance(self.stop, str) or any(not isinstance(s, str) or not s for s in self.stop):
+        if not isinstance(self.stop, (list, tuple)) or any(not isinstance(s, str) or not s for s in self.stop):
             raise ConfigError(f"stop must be a sequence of non-empty strings, got {self.stop!r}")
         object.__setattr__(self, "stop", tuple(self.stop))
 

@@ -68,6 +68,7 @@ class ModelInfo:
         return self.builder == "genai"
 
     def __post_init__(self):
+        _check_fields(self, "model")
         if self.dtype not in DTYPES:
             raise BundleError(f"model dtype {self.dtype!r} is not one of {DTYPES}")
         for name in ("num_layers", "num_kv_heads", "head_dim", "vocab_size", "max_context"):
@@ -91,6 +92,11 @@ class Manifest:
     created_by: str = ""
 
     def __post_init__(self):
+        if not isinstance(self.models, dict) or not all(isinstance(m, ModelInfo) for m in self.models.values()):
+            raise BundleError("manifest field models must map roles to model entries")
+        _check_fields(self, "manifest", skip=("models",))
+        if any(isinstance(e, bool) or not isinstance(e, int) or e < 0 for e in self.eos_token_ids):
+            raise BundleError(f"manifest field eos_token_ids must be token ids (integers >= 0), got {self.eos_token_ids!r}")
         if "target" not in self.models:
             raise BundleError("manifest has no 'target' model")
         for role, m in self.models.items():
@@ -128,14 +134,18 @@ class Manifest:
 
     @classmethod
     def from_dict(cls, d: dict) -> "Manifest":
+        if not isinstance(d, dict):
+            raise BundleError(f"the manifest must be a JSON object, got {type(d).__name__}; re-export the bundle")
         version = d.get("format_version")
         if version not in READABLE_VERSIONS:
             raise BundleError(f"bundle format version {version!r} is not supported (this specedge reads "
                               f"versions {', '.join(map(str, READABLE_VERSIONS))}); re-export it with this version's spec-export")
         try:
+            if not isinstance(d.get("models"), dict) or not all(isinstance(m, dict) for m in d["models"].values()):
+                raise TypeError("models must map roles to model entries")
             models = {role: ModelInfo(**m) for role, m in d["models"].items()}
             return cls(**{**d, "models": models})
-        except (KeyError, TypeError) as e:
+        except (KeyError, TypeError, AttributeError) as e:
             raise BundleError(f"manifest is malformed ({e}); re-export the bundle with spec-export") from e
 
     @classmethod
@@ -150,8 +160,8 @@ class Manifest:
         if not path.is_file():
             raise BundleError(f"{folder} has no {MANIFEST}: not a specedge bundle (create one with spec-export)")
         try:
-            d = json.loads(path.read_text())
-        except json.JSONDecodeError as e:
+            d = json.loads(path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
             raise BundleError(f"{path} is not valid JSON ({e}); re-export the bundle") from e
         m = cls.from_dict(d)
         files = [m.tokenizer] + [info.file for info in m.models.values()] + [f for f in (m.prompts, m.chat_template) if f]
@@ -164,6 +174,25 @@ class Manifest:
         if missing:
             raise BundleError(f"bundle {folder} is missing {', '.join(missing)}; re-export it with spec-export")
         return m
+
+
+_KINDS = {"str": str, "int": int, "float": (int, float), "dict": dict, "list[str]": list, "list[int]": list,
+          "str | None": (str, type(None)), "dict[str, ModelInfo]": dict}
+
+
+def _check_fields(obj, what: str, skip: tuple[str, ...] = ()) -> None:
+    """Each field of the dataclass `obj` holds its annotated kind (a bool is no int): a malformed
+    manifest is one BundleError, not a TypeError deep in the runtime."""
+    from dataclasses import fields
+    for f in fields(obj):
+        value, kind = getattr(obj, f.name), _KINDS.get(str(f.type))
+        if f.name in skip or kind is None:
+            continue
+        bad = not isinstance(value, kind) or (isinstance(value, bool) and kind in (int, (int, float)))
+        if not bad and str(f.type) == "list[str]":
+            bad = not all(isinstance(v, str) for v in value)
+        if bad:
+            raise BundleError(f"{what} field {f.name} must be {f.type}, got {value!r:.80}; re-export the bundle")
 
 
 # the newest ONNX opset each onnxruntime release reads (its release notes); later releases read at least 23
