@@ -188,6 +188,9 @@ def _main(argv: list[str] | None = None) -> int:
                                              speculative=mode, config=cfg)
         if dec.draft_note:
             print(f"spec-run: {dec.draft_note}", file=sys.stderr)
+        if mode == "auto" and not dec.guard_cached:
+            print("spec-run: timed speculation against target-only decoding on this machine; the verdict is "
+                  "cached for this bundle, later runs start at once", file=sys.stderr)
         if args.jsonl:
             try:
                 serve_jsonl(dec, bounded_lines(sys.stdin.buffer), sys.stdout)

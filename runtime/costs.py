@@ -76,3 +76,51 @@ def per_call_costs(plain, spec) -> dict:
     verify = get(spec, "seconds_target") / max(1, get(spec, "target_calls"))
     return {"target_step_ms": 1e3 * step, "draft_step_ms": 1e3 * draft, "verify_ms": 1e3 * verify,
             "c": draft / step, "r": verify / step}
+
+
+def guard_key(bundle, *, threads: int, draft_threads: int, providers) -> str:
+    """What the guard's verdict depends on: the bundle (its manifest and its files' sizes and times), the
+    machine (CPU model, cores, onnxruntime) and the thread settings. Cheap: no file is read whole."""
+    import hashlib
+    import json
+    import os
+    import platform
+    from pathlib import Path
+
+    from specedge.engines.ort import import_onnxruntime
+    bundle = Path(bundle)
+    h = hashlib.sha256((bundle / "manifest.json").read_bytes())
+    for f in sorted(p for p in bundle.rglob("*") if p.is_file()):
+        st = f.stat()
+        h.update(f"{f.relative_to(bundle)}:{st.st_size}:{st.st_mtime_ns}".encode())
+    cpu = ""
+    try:
+        cpu = next((ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("model name")), "")
+    except OSError:
+        pass
+    h.update(json.dumps([cpu, platform.machine(), os.cpu_count(), import_onnxruntime().__version__, threads,
+                         draft_threads, list(providers or [])]).encode())
+    return h.hexdigest()[:32]
+
+
+def cached_verdict(key: str, measure) -> tuple[bool, str, bool]:
+    """The guard's (pays, why) for `key` from the cache, else measure() and remember it; the last
+    element says whether it came from the cache. A cache that cannot be written is skipped."""
+    import json
+    import os
+    from pathlib import Path
+
+    from .files import write_atomic
+    path = Path(os.environ.get("SPECEDGE_CACHE", Path.home() / ".cache" / "specedge")) / "guard" / f"{key}.json"
+    try:
+        got = json.loads(path.read_text())
+        return bool(got["pays"]), str(got["why"]), True
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    pays, why = measure()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, json.dumps({"pays": pays, "why": why}))
+    except OSError:
+        pass
+    return pays, why, False

@@ -10,7 +10,7 @@ import numpy as np
 
 from .chat import ChatTemplate
 from .config import DEFAULT_K, ConfigError, GenerationConfig, model_defaults
-from .costs import speculation_pays
+from .costs import cached_verdict, guard_key, speculation_pays
 from .errors import BusyError
 from .manifest import BundleError, Manifest, read_prompts
 from .prefix import PrefixCache
@@ -38,6 +38,7 @@ class SpeculativeDecoder:
                               "re-export the pair with spec-export")
         self.draft_note: str | None = None       # why from_bundle dropped the draft model, if it did
         self.chat: ChatTemplate | None = None    # the tokenizer's chat template, when the bundle has one
+        self.guard_cached = False                # whether from_bundle's speculation check came from its cache
         self.prefix = PrefixCache()
         self._lock = threading.Lock()            # one request at a time; a stream holds it until it ends
         self._owner: int | None = None           # the thread whose request holds it
@@ -123,8 +124,11 @@ class SpeculativeDecoder:
             tokens = {k: v for k, v in m.chat_tokens.items() if k in ("bos_token", "eos_token") and isinstance(v, str)}
             dec.chat = ChatTemplate((path / m.chat_template).read_text(encoding="utf-8"), **tokens)
         if speculative == "auto" and dec.draft is not None:
-            prompt = _guard_prompt(path, m, tokenizer, dec.max_context)
-            pays, why = speculation_pays(dec, prompt, max_k=dec.default_k)
+            # timed once per bundle and machine: later loads read the verdict (runtime/costs.cached_verdict)
+            key = guard_key(path, threads=threads, draft_threads=draft_threads, providers=providers)
+            measure = lambda: speculation_pays(dec, _guard_prompt(path, m, tokenizer, dec.max_context),
+                                               max_k=dec.default_k)
+            pays, why, dec.guard_cached = cached_verdict(key, measure)
             if not pays:      # the draft session's memory goes with it
                 dec.draft, dec.draft_note = None, f"speculation off: {why}; pass speculative=True to force it"
         return dec

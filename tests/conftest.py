@@ -7,6 +7,8 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# the speculation guard's verdicts and fetched packages go to a cache of the test run, not the user's
+os.environ.setdefault("SPECEDGE_CACHE", __import__("tempfile").mkdtemp(prefix="specedge-cache-"))
 from specedge.export.tiny import VOCAB, byte_tokenizer_json, make_model, tiny_config  # noqa: F401
 
 

@@ -462,8 +462,10 @@ def test_speculation_guard_drops_a_draft_that_cannot_pay(pair_bundles, capsys):
     are the target's either way. (The guard's verdict on a borderline pair follows the timings: the
     'agree' pair, a same-size copy of its target, sits at 0.94-1.08x; only a hopeless one is tested.)"""
     bundle = str(pair_bundles["disagree"])
-    auto = SpeculativeDecoder.from_bundle(bundle)
+    auto = SpeculativeDecoder.from_bundle(bundle, threads=2)
     assert auto.draft is None and "speculation off" in auto.draft_note and "alpha was 0.00" in auto.draft_note
+    again = SpeculativeDecoder.from_bundle(bundle, threads=2)      # the verdict comes from the cache now
+    assert not auto.guard_cached and again.guard_cached and again.draft is None and again.draft_note == auto.draft_note
     forced = SpeculativeDecoder.from_bundle(bundle, speculative=True)
     assert forced.draft is not None and forced.draft_note is None
     a, f = (d.generate(PROMPTS[3], max_new_tokens=16) for d in (auto, forced))
