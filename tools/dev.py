@@ -33,9 +33,10 @@ def ensure_venv() -> Path:
     key = hashlib.sha256((ROOT / "pyproject.toml").read_bytes() + TORCH.encode()).hexdigest()
     stamp = VENV / ".specedge-installed"
     if not stamp.exists() or stamp.read_text() != key:
-        pip = [str(py), "-m", "pip", "install", "--disable-pip-version-check", "-q"]
-        print("installing torch (CPU) and specedge[cpu,export,dev] ...", flush=True)
+        pip = [str(py), "-m", "pip", "install", "--disable-pip-version-check", "--progress-bar", "on"]
+        print("[1/2] installing torch (CPU build) into .venv ...", flush=True)
         subprocess.check_call(pip + [TORCH])
+        print("[2/2] installing specedge[cpu,export,dev] (onnxruntime, transformers, onnx, pytest, ...) ...", flush=True)
         subprocess.check_call(pip + ["-e", EXTRAS], cwd=ROOT)
         stamp.write_text(key)
     return py
