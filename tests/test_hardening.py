@@ -134,3 +134,15 @@ def test_an_interrupted_exports_partial_folder_is_cleaned_up_by_the_next(tmp_pat
     (alive / OWNER).write_text(str(os.getpid()))
     _remove_stale_partials(tmp_path / "b")
     assert not dead.exists() and alive.exists() and foreign.exists()
+
+
+@pytest.mark.slow
+def test_the_soak_tool_runs_and_reports(pair_bundles, tmp_path):
+    from pathlib import Path
+    script = Path(__file__).resolve().parents[1] / "tools" / "lab" / "soak.py"
+    out = tmp_path / "soak.json"
+    done = subprocess.run([sys.executable, str(script), "--bundle", str(pair_bundles["agree"]), "--tokens", "600",
+                           "--max-growth", "1.0", "--json", str(out)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    got = json.loads(out.read_text())
+    assert got["tokens"] >= 600 and got["requests"] == len(got["samples"]) and "abandoned" in got["by_kind"]
