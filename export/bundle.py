@@ -39,7 +39,10 @@ def tokenizer_json(folder: Path) -> str:
     """The folder's fast-tokenizer JSON; converted with transformers when only slow files exist."""
     path = Path(folder) / "tokenizer.json"
     if path.is_file():
-        return path.read_text(encoding="utf-8")
+        try:
+            return path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as e:
+            raise ExportError(f"{path} is not UTF-8 text ({e}); replace it with the model's own") from e
     try:
         from transformers import AutoTokenizer
         tok = AutoTokenizer.from_pretrained(folder, local_files_only=True)
@@ -51,7 +54,11 @@ def tokenizer_json(folder: Path) -> str:
 
 def _vocab(tok_json: str) -> dict[str, int]:
     from tokenizers import Tokenizer
-    return Tokenizer.from_str(tok_json).get_vocab(with_added_tokens=True)
+    try:
+        return Tokenizer.from_str(tok_json).get_vocab(with_added_tokens=True)
+    except Exception as e:  # tokenizers raises its own exception type for a malformed file
+        raise ExportError(f"a tokenizer.json cannot be read ({' '.join(str(e).split())[:200]}); replace it with "
+                          f"the model's own") from e
 
 
 def check_vocab(target_tok: str, draft_tok: str) -> int:
@@ -68,7 +75,15 @@ def check_vocab(target_tok: str, draft_tok: str) -> int:
 
 
 def _json(path: Path) -> dict:
-    return json.loads(path.read_text()) if path.is_file() else {}
+    if not path.is_file():
+        return {}
+    try:
+        d = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
+        raise ExportError(f"{path} is not valid JSON ({e})") from e
+    if not isinstance(d, dict):
+        raise ExportError(f"{path} holds a JSON {type(d).__name__}, not an object")
+    return d
 
 
 def _token_text(value) -> str:
@@ -95,7 +110,10 @@ def chat_template(folder: Path) -> tuple[str | None, dict]:
 def generation_defaults(folder: Path) -> tuple[list[int], dict]:
     gen, cfg = _json(folder / "generation_config.json"), _json(folder / "config.json")
     eos = gen.get("eos_token_id", cfg.get("eos_token_id"))
-    eos_ids = [] if eos is None else [int(e) for e in (eos if isinstance(eos, list) else [eos])]
+    eos_ids = [] if eos is None else list(eos) if isinstance(eos, list) else [eos]
+    if any(isinstance(e, bool) or not isinstance(e, int) or e < 0 for e in eos_ids):
+        raise ExportError(f"{folder}: eos_token_id must be a token id or a list of them, got {eos!r}; fix "
+                          f"generation_config.json / config.json")
     return eos_ids, {k: gen[k] for k in GENERATION_KEYS if k in gen}
 
 

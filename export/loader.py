@@ -24,9 +24,12 @@ def read_config(folder: Path) -> dict:
     if not cfg.is_file():
         raise ExportError(f"{folder} has no config.json: not a Hugging Face model folder")
     try:
-        return json.loads(cfg.read_text())
-    except json.JSONDecodeError as e:
+        config = json.loads(cfg.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
         raise ExportError(f"{cfg} is not valid JSON: {e}") from e
+    if not isinstance(config, dict):
+        raise ExportError(f"{cfg} holds a JSON {type(config).__name__}, not an object: not a model config")
+    return config
 
 
 def arch_of(folder: Path) -> tuple[str, Arch]:
@@ -100,8 +103,14 @@ def load_model(folder: Path, *, dtype: str, max_context: int | None, allow_pickl
         config.sliding_window = None
         if getattr(config, "layer_types", None):
             config.layer_types = ["full_attention"] * len(config.layer_types)
-    model = AutoModelForCausalLM.from_pretrained(
-        folder, config=config, dtype=getattr(torch, dims["dtype"]), local_files_only=True,
-        use_safetensors=check_weights(folder, allow_pickle=allow_pickle), attn_implementation="sdpa")
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            folder, config=config, dtype=getattr(torch, dims["dtype"]), local_files_only=True,
+            use_safetensors=check_weights(folder, allow_pickle=allow_pickle), attn_implementation="sdpa")
+    except ExportError:
+        raise
+    except Exception as e:  # safetensors, torch's unpickler and transformers each raise their own types
+        raise ExportError(f"cannot load the weights of {folder} ({type(e).__name__}: {' '.join(str(e).split())[:300]}); "
+                          f"the files are truncated, corrupt or do not match config.json -- download them again") from e
     model.eval()
     return model, dims
