@@ -12,6 +12,7 @@ import shutil
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from specedge.engines.base import EngineError
@@ -387,6 +388,10 @@ def _export_folders(*, target: Path, draft: Path | None, out: Path, origins: dic
                                                quiet=quiet, origin=origins[role], hidden=hidden and role == "target",
                                                target_src=sources["target"])
                   for role, src in sources.items()}
+        for role, info in list(models.items()):      # the weights file too: a missing one is named at load
+            data = f"{role}/model.onnx.data"
+            if (tmp / data).is_file():
+                models[role] = replace(info, data=data)
         (tmp / "tokenizer.json").write_text(toks["target"], encoding="utf-8")
         template, chat_tokens = chat_template(sources["target"])
         if template:

@@ -39,7 +39,7 @@ def _common(ap: argparse.ArgumentParser) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     from specedge.runtime.console import guarded
-    return guarded(_main, argv)
+    return guarded(_main, argv, prog="spec-export")
 
 
 def _main(argv: list[str] | None = None) -> int:

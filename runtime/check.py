@@ -374,7 +374,7 @@ def summary(cert: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     from specedge.runtime.console import guarded
-    return guarded(_main, argv)
+    return guarded(_main, argv, prog="spec-check")
 
 
 def _main(argv: list[str] | None = None) -> int:

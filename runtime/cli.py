@@ -160,7 +160,7 @@ def serve_jsonl(dec, lines, out) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     from specedge.runtime.console import guarded
-    return guarded(_main, argv)
+    return guarded(_main, argv, prog="spec-run")
 
 
 def _main(argv: list[str] | None = None) -> int:

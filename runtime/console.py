@@ -7,12 +7,10 @@ import sys
 import warnings
 
 
-def _one_line(message, category, filename, lineno, file=None, line=None) -> str:
-    return f"{os.path.basename(sys.argv[0]) or 'specedge'}: warning: {message}\n"
-
-
-def guarded(main, argv=None) -> int:
-    warnings.formatwarning = _one_line      # e.g. "CUDA is not in this onnxruntime build": one line, no source
+def guarded(main, argv=None, *, prog: str) -> int:
+    """Run a CLI's main(argv) with these edges; `prog` names it in the messages."""
+    # e.g. "CUDA is not in this onnxruntime build": one line, no source line
+    warnings.formatwarning = lambda message, *_, **__: f"{prog}: warning: {message}\n"
     try:
         return main(argv)
     except KeyboardInterrupt:
@@ -24,3 +22,7 @@ def guarded(main, argv=None) -> int:
         except OSError:
             pass
         return 0
+    except OSError as e:             # a full disk, a folder that vanished: the system's words, one line
+        where = f" ({e.filename})" if e.filename else ""
+        print(f"{prog}: error: {e.strerror or e}{where}", file=sys.stderr)
+        return 2

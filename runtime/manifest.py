@@ -60,6 +60,7 @@ class ModelInfo:
     builder: str = "torch"    # "torch" (torch.onnx dynamo) or "genai" (onnxruntime-genai's model builder)
     weights: str = "fp32"     # weight precision: fp32, fp16 or int4 (genai builder only)
     kind: str = "causal_lm"   # "eagle": a hidden-state draft head, fed the target's hidden_states
+    data: str | None = None   # the graph's external weights file, relative to the bundle root
 
     @property
     def kv_in_place(self) -> bool:
@@ -164,7 +165,9 @@ class Manifest:
         except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
             raise BundleError(f"{path} is not valid JSON ({e}); re-export the bundle") from e
         m = cls.from_dict(d)
-        files = [m.tokenizer] + [info.file for info in m.models.values()] + [f for f in (m.prompts, m.chat_template) if f]
+        files = ([m.tokenizer] + [info.file for info in m.models.values()] + [info.data for info in m.models.values()
+                                                                           if info.data]
+                 + [f for f in (m.prompts, m.chat_template) if f])
         root = folder.resolve()
         outside = [f for f in files if not isinstance(f, str) or not (folder / f).resolve().is_relative_to(root)]
         if outside:

@@ -146,3 +146,36 @@ def test_the_soak_tool_runs_and_reports(pair_bundles, tmp_path):
     assert done.returncode == 0, done.stderr
     got = json.loads(out.read_text())
     assert got["tokens"] >= 600 and got["requests"] == len(got["samples"]) and "abandoned" in got["by_kind"]
+
+
+def test_a_missing_weights_file_is_named(bundle_copy):
+    (bundle_copy / "target" / "model.onnx.data").unlink()
+    with pytest.raises(BundleError, match="missing target/model.onnx.data"):
+        SpeculativeDecoder.from_bundle(bundle_copy, threads=1)
+
+
+class _FullDisk(io.StringIO):
+    def write(self, s):
+        import errno
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def test_a_full_disk_is_one_line_and_leaves_nothing(pair_bundles, llama_target, tmp_path, monkeypatch, capsys):
+    import errno
+    from specedge.export.cli import main as export_main
+    from specedge.runtime.cli import main as run_main
+    from specedge.runtime.manifest import Manifest
+    monkeypatch.setattr(sys, "stdout", _FullDisk())
+    assert run_main([str(pair_bundles["agree"]), "x", "--json", "--max-new-tokens", "2", "--threads", "1",
+                     "--no-speculation"]) == 2
+    monkeypatch.undo()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["spec-run: error: No space left on device"], err
+
+    def full(self, folder):
+        raise OSError(errno.ENOSPC, "No space left on device", str(folder))
+    monkeypatch.setattr(Manifest, "write", full)
+    out = tmp_path / "out"
+    assert export_main(["model", str(llama_target), "--out", str(out), "--max-context", "64", "--quiet"]) == 2
+    assert "No space left on device" in capsys.readouterr().err
+    assert not out.exists() and not list(tmp_path.glob(".out.*"))
