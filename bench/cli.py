@@ -146,7 +146,7 @@ def table(result: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     from specedge.runtime.console import guarded
-    return guarded(_main, argv)
+    return guarded(_main, argv, prog="spec-bench")
 
 
 def _main(argv: list[str] | None = None) -> int:
