@@ -319,6 +319,9 @@ def export_bundle(*, target: Path, draft: Path | None, out: Path, **options) -> 
     folder `out`. Options: see _export_folders."""
     from .gguf import is_gguf
     for src in (target, draft):
+        if src is not None and Path(src).resolve().is_relative_to(Path(out).resolve()):
+            raise ExportError(f"{src} lies inside --out {out}, which the export would replace; write the bundle "
+                              f"somewhere else")
         if src is not None and Path(src).is_file() and not is_gguf(src):
             raise ExportError(f"{src} is a file but not a GGUF model (no GGUF magic); pass a Hugging Face "
                               f"model folder or a .gguf file")

@@ -71,3 +71,28 @@ def test_a_pickle_the_weights_only_loader_refuses(llama_target, tmp_path):
         export_bundle(target=src, draft=None, out=tmp_path / "out", max_context=64, quiet=True)
     with pytest.raises(ExportError, match="cannot load the weights"):
         export_bundle(target=src, draft=None, out=tmp_path / "out", max_context=64, quiet=True, allow_pickle=True)
+
+
+def test_overwrite_never_deletes_the_source(llama_target, tmp_path):
+    out = tmp_path / "bundle"
+    out.mkdir()
+    (out / "manifest.json").write_text("{}")                  # looks like a bundle --overwrite may replace
+    src = out / "model"
+    shutil.copytree(llama_target, src)
+    with pytest.raises(ExportError, match="inside --out"):
+        export_bundle(target=src, draft=None, out=out, overwrite=True, max_context=64, quiet=True)
+    assert (src / "model.safetensors").is_file()
+
+
+@pytest.mark.slow
+def test_a_nan_weight_fails_the_export(llama_target, tmp_path):
+    from safetensors.torch import load_file, save_file
+    src = tmp_path / "src"
+    shutil.copytree(llama_target, src)
+    state = load_file(str(src / "model.safetensors"))
+    key = next(k for k in state if k.endswith("down_proj.weight"))
+    state[key][0, 0] = float("nan")
+    save_file(state, str(src / "model.safetensors"))
+    with pytest.raises(ExportError, match="non-finite|disagree"):
+        export_bundle(target=src, draft=None, out=tmp_path / "out", max_context=64, quiet=True)
+    assert not (tmp_path / "out").exists()
