@@ -6,7 +6,6 @@ end, so an export that fails halfway leaves nothing at `out`.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import sys
@@ -18,7 +17,7 @@ from pathlib import Path
 from specedge.engines.base import EngineError
 from specedge.runtime.manifest import MANIFEST, Manifest, ModelInfo, io_names, read_prompts
 
-from .loader import ExportError, check_source, load_model
+from .loader import ExportError, check_source, load_model, read_json_object
 
 GENERATION_KEYS = ("do_sample", "temperature", "top_k", "top_p", "repetition_penalty")
 PARITY_PROMPT = 7      # prompt tokens of the parity check (specedge.export.parity.measure)
@@ -76,15 +75,7 @@ def check_vocab(target_tok: str, draft_tok: str) -> int:
 
 
 def _json(path: Path) -> dict:
-    if not path.is_file():
-        return {}
-    try:
-        d = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
-        raise ExportError(f"{path} is not valid JSON ({e})") from e
-    if not isinstance(d, dict):
-        raise ExportError(f"{path} holds a JSON {type(d).__name__}, not an object")
-    return d
+    return read_json_object(path) if path.is_file() else {}
 
 
 def _token_text(value) -> str:

@@ -129,10 +129,9 @@ class _Graph(nn.Module):
 def export_head(head: EagleHead, path, *, opset: int = 20) -> None:
     """The head as an ONNX graph with the bundle's KV-cache contract, the target's features as input
     target_hidden_states [b, s, hidden] and its own prediction of the next as output hidden_states."""
-    import logging
-    import warnings
-
     from torch.export import Dim
+
+    from .graph import dynamo_export
     cfg = head.config
     heads, kv = cfg.num_attention_heads, cfg.num_key_value_heads
     hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
@@ -148,13 +147,7 @@ def export_head(head: EagleHead, path, *, opset: int = 20) -> None:
     names_in = ["input_ids", "target_hidden_states", "attention_mask", "position_ids", "past_key_values.0.key",
                 "past_key_values.0.value"]
     names_out = ["logits", "hidden_states", "present.0.key", "present.0.value"]
-    logging.getLogger("torch.onnx").setLevel(logging.ERROR)
-    with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        program = torch.onnx.export(_Graph(head), args, dynamic_shapes=shapes, input_names=names_in,
-                                    output_names=names_out, dynamo=True, optimize=True, opset_version=opset,
-                                    external_data=True, verbose=False)
-    program.save(str(path), external_data=True)
+    dynamo_export(_Graph(head), args, shapes=shapes, inputs=names_in, outputs=names_out, path=path, opset=opset)
 
 
 

@@ -83,11 +83,17 @@ def export_onnx(model, dims: dict, path: Path, *, opset: int = DEFAULT_OPSET) ->
               tuple(kv_spec for _ in range(2 * dims["num_layers"])))
     inputs, outputs = io_names(dims["num_layers"])
     args = example_inputs(dims, dtype=next(model.parameters()).dtype)
+    dynamo_export(KVWrapper(model), args, shapes=shapes, inputs=inputs, outputs=outputs, path=path, opset=opset)
+
+
+def dynamo_export(module, args, *, shapes, inputs: list[str], outputs: list[str], path: Path, opset: int) -> None:
+    """torch.onnx.export(dynamo=True) of `module` on `args` with these dynamic shapes and I/O names,
+    saved with external weights."""
     # the exporter's warnings (torchvision absent, deprecations) say nothing about this graph
     logging.getLogger("torch.onnx").setLevel(logging.ERROR)
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        program = torch.onnx.export(KVWrapper(model), args, dynamic_shapes=shapes, input_names=inputs,
-                                    output_names=outputs, dynamo=True, optimize=True, opset_version=opset,
-                                    external_data=True, verbose=False)
+        program = torch.onnx.export(module, args, dynamic_shapes=shapes, input_names=inputs, output_names=outputs,
+                                    dynamo=True, optimize=True, opset_version=opset, external_data=True,
+                                    verbose=False)
     program.save(str(path), external_data=True)

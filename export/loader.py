@@ -23,13 +23,18 @@ def read_config(folder: Path) -> dict:
     cfg = folder / "config.json"
     if not cfg.is_file():
         raise ExportError(f"{folder} has no config.json: not a Hugging Face model folder")
+    return read_json_object(cfg)
+
+
+def read_json_object(path: Path) -> dict:
+    """A JSON file that must hold an object (a model's config, generation or tokenizer settings)."""
     try:
-        config = json.loads(cfg.read_text(encoding="utf-8"))
+        d = json.loads(Path(path).read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
-        raise ExportError(f"{cfg} is not valid JSON: {e}") from e
-    if not isinstance(config, dict):
-        raise ExportError(f"{cfg} holds a JSON {type(config).__name__}, not an object: not a model config")
-    return config
+        raise ExportError(f"{path} is not valid JSON ({e})") from e
+    if not isinstance(d, dict):
+        raise ExportError(f"{path} holds a JSON {type(d).__name__}, not an object")
+    return d
 
 
 def arch_of(folder: Path) -> tuple[str, Arch]:
