@@ -1,6 +1,7 @@
 """spec-bench BUNDLE: speculative vs target-only tokens/s, alpha, c, r(K), the Leviathan bound and
-efficiency, for greedy and T = 0.8 -- and, with --peers, onnxruntime-genai and HF transformers on the
-same pair, prompts and token budget, each in its own subprocess (this process never imports torch).
+efficiency, for greedy and T = 0.8 -- and, with --peers, onnxruntime-genai, HF transformers and llama.cpp
+(when its binaries are built: tools/lab/build_llama_cpp.py) on the same pair, prompts and token budget,
+each in its own subprocess (this process never imports torch).
 """
 from __future__ import annotations
 
@@ -22,7 +23,9 @@ from specedge.runtime.manifest import read_prompts
 from . import memory, ours
 
 MODES = {"greedy": {"temperature": 0.0}, "sampled": {"temperature": 0.8}}
-PEER_KEYS = {"ortgenai": ("ortgenai_plain", "ortgenai_spec"), "hf": ("hf_plain", "hf_assisted")}
+PEER_KEYS = {"ortgenai": ("ortgenai_plain", "ortgenai_spec"), "hf": ("hf_plain", "hf_assisted"),
+             "llamacpp": ("llamacpp_plain", "llamacpp_spec")}
+LLAMA_PRECISIONS = ("auto", "f32", "f16", "q8_0", "q4_0", "as-is")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -39,9 +42,19 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--ngram", type=int, default=0,
                     help="prompt lookup in the defaults row (spec-run --ngram); fixed-K rows never use it")
     ap.add_argument("--quick", action="store_true", help="3 prompts, K in {2,4,6}, 48 tokens, 2 repeats")
-    ap.add_argument("--peers", action="store_true", help="also run onnxruntime-genai and HF transformers")
+    ap.add_argument("--peers", action="store_true",
+                    help="also run onnxruntime-genai, HF transformers and llama.cpp (if built)")
     ap.add_argument("--target-hf", type=Path, help="target HF folder for the peers (default: manifest source)")
     ap.add_argument("--draft-hf", type=Path, help="draft HF folder for the peers (default: manifest source)")
+    ap.add_argument("--llama-precision", choices=LLAMA_PRECISIONS, default="auto",
+                    help="llama.cpp's target GGUF weights (auto: as the bundle's target: fp32 -> f32, int8 -> q8_0, "
+                         "int4 -> q4_0; as-is: a .gguf source as shipped)")
+    ap.add_argument("--llama-draft-precision", choices=LLAMA_PRECISIONS, default="auto",
+                    help="llama.cpp's draft GGUF weights (auto: as the bundle's draft)")
+    ap.add_argument("--llama-target", type=Path,
+                    help="llama.cpp's target: a .gguf or HF folder (default: manifest source)")
+    ap.add_argument("--llama-draft", type=Path,
+                    help="llama.cpp's draft: a .gguf or HF folder (default: manifest source)")
     ap.add_argument("--json", type=Path, default=Path("bench.json"))
     ap.add_argument("--plot", type=Path, default=None, help="PNG path (default: next to --json)")
     return ap
@@ -65,6 +78,37 @@ def run_peer(system: str, *, mode: str, k: int, target: Path, draft: Path, promp
         return {"error": f"{system} exited {proc.returncode}: {proc.stderr.strip()[-300:]}"}
 
 
+def llama_precision(choice: str, bundle_weights: str) -> str:
+    """The GGUF type at the bundle's weight precision (auto), or the one asked for."""
+    if choice != "auto":
+        return choice
+    from .llamacpp import BUNDLE_TO_GGUF
+    return BUNDLE_TO_GGUF.get(bundle_weights, "f32")
+
+
+def run_llamacpp(*, mode: str, k: int, target: Path, draft: Path | None, prompts: Path, precision: str,
+                 draft_precision: str, args) -> dict:
+    """llama.cpp in its own subprocess (bench/llamacpp.py), as the other peers."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "peer.json"
+        cmd = [sys.executable, "-m", "specedge.bench.llamacpp", "--target", str(target),
+               "--prompts", str(prompts), "--n-prompts", str(args.n_prompts),
+               "--max-new-tokens", str(args.max_new_tokens), "--mode", mode,
+               "--temperature", str(MODES["sampled"]["temperature"]), "--k", str(k),
+               "--threads", str(args.threads), "--draft-threads", str(args.draft_threads),
+               "--precision", precision, "--draft-precision", draft_precision,
+               "--repeats", str(max(1, args.repeats - 1)), "--json", str(out)]
+        if draft is not None:
+            cmd += ["--draft", str(draft)]
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
+        except subprocess.TimeoutExpired:
+            return {"error": "llamacpp timed out after 3600 s"}
+        if out.is_file():
+            return json.loads(out.read_text())
+        return {"error": f"llamacpp exited {proc.returncode}: {proc.stderr.strip()[-300:]}"}
+
+
 def plot(result: dict, path: Path) -> None:
     import matplotlib
     matplotlib.use("Agg")
@@ -79,9 +123,11 @@ def plot(result: dict, path: Path) -> None:
         ax.plot([r["default"]["k"]], [r["default_tps"]], "*", markersize=12, color="C1",
                 label=f"specedge defaults (K <= {r['default']['k']}, adaptive)")
         peers = result.get("peers", {}).get(mode, {})
-        for key, style in (("ortgenai_plain", ":"), ("ortgenai_spec", "-."), ("hf_plain", ":"), ("hf_assisted", "-.")):
+        colors = {"ortgenai": "C3", "hf": "C2", "llamacpp": "C4"}
+        for key, style in (("ortgenai_plain", ":"), ("ortgenai_spec", "-."), ("hf_plain", ":"), ("hf_assisted", "-."),
+                           ("llamacpp_plain", ":"), ("llamacpp_spec", "-.")):
             if peers.get(key):
-                ax.axhline(peers[key], linestyle=style, color="C3" if "ortgenai" in key else "C2", label=key)
+                ax.axhline(peers[key], linestyle=style, color=colors[key.split("_")[0]], label=key)
         ax.set_title(f"{mode}: tokens/s vs K")
         ax.set_xlabel("K (draft tokens per round)")
         ax.legend(fontsize=7)
@@ -204,12 +250,27 @@ def _main(argv: list[str] | None = None) -> int:
         target = args.target_hf or Path(manifest.models["target"].source)
         draft = args.draft_hf or Path(manifest.models["draft"].source)
         result["peers"], result["peers_error"] = {}, {}
+        from .llamacpp import find_bin_dir, not_built_message
+        llama_built = find_bin_dir() is not None
+        if not llama_built:
+            print(f"[peer] llamacpp skipped: {not_built_message()}", file=sys.stderr, flush=True)
+            result["peers_error"]["llamacpp"] = not_built_message()
+        tinfo, dinfo = manifest.models["target"], manifest.models["draft"]
+        llama = {"target": args.llama_target or Path(tinfo.source),
+                 "draft": args.llama_draft or (Path(dinfo.source) if dinfo.source else None),
+                 "precision": llama_precision(args.llama_precision, tinfo.weights),
+                 "draft_precision": llama_precision(args.llama_draft_precision, dinfo.weights)}
         for mode in MODES:
             result["peers"][mode] = {}
             for system, (plain_key, spec_key) in PEER_KEYS.items():
+                if system == "llamacpp" and not llama_built:
+                    continue
                 print(f"[peer] {system} {mode}", file=sys.stderr, flush=True)
-                r = run_peer(system, mode=mode, k=result[mode]["best_k"], target=target, draft=draft,
-                             prompts=prompts_path, draft_precision=manifest.models["draft"].weights, args=args)
+                if system == "llamacpp":
+                    r = run_llamacpp(mode=mode, k=result[mode]["best_k"], prompts=prompts_path, args=args, **llama)
+                else:
+                    r = run_peer(system, mode=mode, k=result[mode]["best_k"], target=target, draft=draft,
+                                 prompts=prompts_path, draft_precision=manifest.models["draft"].weights, args=args)
                 result["peers"][mode][plain_key] = r.get("plain_tps")
                 result["peers"][mode][spec_key] = r.get("spec_tps")
                 result["peers"][mode][f"{system}_detail"] = r

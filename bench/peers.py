@@ -16,7 +16,6 @@ timed generation produced (== --max-new-tokens when forcing the length worked), 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import shutil
@@ -27,7 +26,7 @@ import time
 import traceback
 from pathlib import Path
 
-from specedge.runtime.files import write_atomic
+from specedge.runtime.files import tree_hash, write_atomic
 from specedge.runtime.manifest import read_prompts
 
 from .memory import held_mb, rss_mb
@@ -179,13 +178,7 @@ def run_hf(args, prompts: list[str], res: dict) -> None:
 def content_key(folder: Path, precision: str) -> str:
     """Hash of every file's name and bytes: a retrained or re-exported model gets a fresh build."""
     import onnxruntime_genai as og
-    h = hashlib.sha256(f"og={og.__version__} p={precision} e=cpu".encode())
-    for f in sorted(p for p in folder.rglob("*") if p.is_file()):
-        h.update(str(f.relative_to(folder)).encode() + b"\0")
-        with f.open("rb") as fh:
-            for chunk in iter(lambda: fh.read(1 << 20), b""):
-                h.update(chunk)
-    return h.hexdigest()[:16]
+    return tree_hash(folder, f"og={og.__version__} p={precision} e=cpu")
 
 
 def _publish(tmp: Path, out: Path) -> None:

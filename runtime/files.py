@@ -18,3 +18,17 @@ def write_atomic(path: str | Path, data: str | bytes) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def tree_hash(folder: str | Path, salt: str = "") -> str:
+    """A short hash of every file's name and bytes under `folder` (and `salt`): what a cache of things
+    built from the folder is keyed by, so a changed model gets a fresh build."""
+    import hashlib
+    folder = Path(folder)
+    h = hashlib.sha256(salt.encode())
+    for f in sorted(p for p in folder.rglob("*") if p.is_file()):
+        h.update(str(f.relative_to(folder)).encode() + b"\0")
+        with f.open("rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
+    return h.hexdigest()[:16]

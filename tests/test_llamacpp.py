@@ -7,7 +7,6 @@ tools/lab/build_llama_cpp.py builds them).
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -19,14 +18,12 @@ from specedge.bench import llamacpp as L
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(__file__).parent / "data" / "llamacpp"
-BUILD_SCRIPT = ROOT / "tools" / "lab" / "build_llama_cpp.py"
+
 
 
 def _build_script():
-    spec = importlib.util.spec_from_file_location("build_llama_cpp", BUILD_SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    import build_llama_cpp          # tools/lab is on the tests' path (pyproject)
+    return build_llama_cpp
 
 
 @pytest.fixture
@@ -37,7 +34,9 @@ def empty_cache(tmp_path, monkeypatch):
 
 
 def built_bin_dir() -> Path:
-    d = L.find_bin_dir()
+    """The built binaries: where $SPECEDGE_CACHE says, else in the user's cache (conftest points
+    $SPECEDGE_CACHE at a temporary folder when it is unset), else skip."""
+    d = L.find_bin_dir() or L.find_bin_dir(root=Path.home() / ".cache" / "specedge" / "llama.cpp")
     if d is None:
         pytest.skip(f"llama.cpp binaries are not built here ({L.BUILD_HINT} builds them)")
     return d
@@ -218,7 +217,8 @@ def test_peer_runs_the_binaries(demo_ggufs, tmp_path):
     assert L.main(["--target", str(demo_ggufs["target"]), "--draft", str(demo_ggufs["draft"]),
                    "--precision", "as-is", "--draft-precision", "as-is", "--prompts", str(prompts),
                    "--max-new-tokens", "24", "--k", "3", "--repeats", "1", "--decode-bench",
-                   "--bench-tokens", "16", "--bench-repeats", "1", "--json", str(out)]) == 0
+                   "--bench-tokens", "16", "--bench-repeats", "1", "--bin-dir", str(demo_ggufs["bin_dir"]),
+                   "--json", str(out)]) == 0
     r = json.loads(out.read_text())
     assert r["error"] is None, r["error"]
     assert r["plain_tps"] > 0 and r["spec_tps"] > 0 and r["decode_tps"] > 0
@@ -240,7 +240,8 @@ def test_peer_reports_a_failing_binary_in_one_line(demo_ggufs, tmp_path):
     out = tmp_path / "r.json"
     proc = subprocess.run([sys.executable, "-m", "specedge.bench.llamacpp", "--target", str(broken),
                            "--precision", "as-is", "--prompts", str(prompts), "--max-new-tokens", "4",
-                           "--repeats", "1", "--json", str(out)], capture_output=True, text=True, timeout=120)
+                           "--repeats", "1", "--bin-dir", str(demo_ggufs["bin_dir"]), "--json", str(out)],
+                          capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and "Traceback" not in proc.stderr
     r = json.loads(out.read_text())
     assert r["plain_tps"] is None and r["error"].startswith("llama-completion exited") and "\n" not in r["error"]
