@@ -288,6 +288,8 @@ def _main(argv: list[str] | None = None) -> int:
         png = None
         print("spec-bench: matplotlib missing (pip install 'specedge[bench]'): no plot", file=sys.stderr)
     print(table(result))
+    for name, error in (result.get("peers_error") or {}).items():     # why a peer's column reads n/a
+        print(f"peer {name}: {error}")
     print(f"\nfrom_bundle's speculation guard would {'keep' if keeps else 'drop'} the draft here: {why}")
     print(f"\nwrote {args.json}" + (f" and {png}" if png else "") + f" in {result['seconds']:.0f} s")
     return 0

@@ -65,3 +65,16 @@ def test_bench_refuses_bad_prompt_files(pair_bundles, tmp_path, capsys):
         assert bench_main([str(pair_bundles["agree"]), "--prompts", str(bad), "--quick"]) == 2
         assert msg in capsys.readouterr().err
     assert bench_main([str(pair_bundles["agree"]), "--prompts", str(bad), "--repeats", "0"]) == 2
+
+
+@pytest.mark.slow
+def test_a_peer_that_cannot_run_says_why_in_the_table(pair_bundles, tmp_path, capsys):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"prompt": "def f(x):"}) + "\n")
+    out = tmp_path / "bench.json"
+    assert bench_main([str(pair_bundles["agree"]), "--prompts", str(prompts), "--quick", "--json", str(out),
+                       "--peers", "--target-hf", str(tmp_path / "no-such-folder")]) == 0
+    printed = capsys.readouterr().out
+    errors = json.loads(out.read_text())["peers_error"]
+    assert errors and all(f"peer {name}: " in printed for name in errors)
+    assert any("no-such-folder" in e for e in errors.values())
