@@ -179,3 +179,40 @@ def test_a_full_disk_is_one_line_and_leaves_nothing(pair_bundles, llama_target, 
     assert export_main(["model", str(llama_target), "--out", str(out), "--max-context", "64", "--quiet"]) == 2
     assert "No space left on device" in capsys.readouterr().err
     assert not out.exists() and not list(tmp_path.glob(".out.*"))
+
+
+MANIFEST_EDITS = {
+    "a list": lambda d: [],
+    "models a list": lambda d: {**d, "models": []},
+    "generation a list": lambda d: {**d, "generation": [1]},
+    "eos text": lambda d: {**d, "eos_token_ids": ["x"]},
+    "layers text": lambda d: {**d, "models": {**d["models"], "target": {**d["models"]["target"], "num_layers": "abc"}}},
+}
+
+
+@pytest.mark.parametrize("case", list(MANIFEST_EDITS))
+def test_malformed_manifests_are_one_bundle_error(bundle_copy, case, capsys):
+    from specedge.runtime.cli import main as run_main
+    d = json.loads((bundle_copy / "manifest.json").read_text())
+    (bundle_copy / "manifest.json").write_text(json.dumps(MANIFEST_EDITS[case](d)))
+    with pytest.raises(BundleError):
+        SpeculativeDecoder.from_bundle(bundle_copy, threads=1)
+    assert run_main([str(bundle_copy), "x", "--threads", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("spec-run: error: ")
+
+
+def test_cli_thread_counts_and_an_unavailable_provider(pair_bundles, capsys):
+    from specedge.runtime.cli import main as run_main
+    b = str(pair_bundles["agree"])
+    assert run_main([b, "x", "--threads", "5000"]) == 2
+    assert "threads must be integers" in capsys.readouterr().err
+    import warnings
+    with warnings.catch_warnings():      # as outside pytest: warnings printed, not recorded
+        warnings.simplefilter("default")
+        warnings.showwarning = lambda message, category, filename, lineno, file=None, line=None: sys.stderr.write(
+            warnings.formatwarning(message, category, filename, lineno, line))
+        assert run_main([b, "x", "--providers", "cuda", "--threads", "1", "--max-new-tokens", "2",
+                         "--no-speculation"]) == 0
+    err = [ln for ln in capsys.readouterr().err.splitlines() if "warning" in ln]
+    assert len(err) == 1 and err[0].startswith("spec-run: warning: execution providers ['CUDAExecutionProvider']")
