@@ -256,14 +256,19 @@ def _main(argv: list[str] | None = None) -> int:
             print(f"[peer] llamacpp skipped: {not_built_message()}", file=sys.stderr, flush=True)
             result["peers_error"]["llamacpp"] = not_built_message()
         tinfo, dinfo = manifest.models["target"], manifest.models["draft"]
+        head = dinfo.kind == "eagle"     # a hidden-state head: no peer's speculative mode can run it
+        if head:
+            result["peers_error"]["draft"] = ("the draft is a hidden-state head, which the peers' speculative modes "
+                                              "cannot run: llama.cpp runs target-only; onnxruntime-genai and HF run "
+                                              "only with --draft-hf (a draft model of their own)")
         llama = {"target": args.llama_target or Path(tinfo.source),
-                 "draft": args.llama_draft or (Path(dinfo.source) if dinfo.source else None),
+                 "draft": args.llama_draft or (Path(dinfo.source) if dinfo.source and not head else None),
                  "precision": llama_precision(args.llama_precision, tinfo.weights),
                  "draft_precision": llama_precision(args.llama_draft_precision, dinfo.weights)}
         for mode in MODES:
             result["peers"][mode] = {}
             for system, (plain_key, spec_key) in PEER_KEYS.items():
-                if system == "llamacpp" and not llama_built:
+                if system == "llamacpp" and not llama_built or system != "llamacpp" and head and not args.draft_hf:
                     continue
                 print(f"[peer] {system} {mode}", file=sys.stderr, flush=True)
                 if system == "llamacpp":
