@@ -89,13 +89,13 @@ class OrtEngine:
     def __init__(self, path: str | Path, *, vocab_size: int | None = None, max_context: int = 1 << 30,
                  providers: list[str] | None = None, threads: int = 0, optimize: bool = True,
                  io_binding: bool | None = None, share_buffer: bool = False, num_kv_heads: int | None = None,
-                 head_dim: int | None = None):
+                 head_dim: int | None = None, profile_prefix: str | None = None):
         ort = import_onnxruntime()
         path = self.path = Path(path)
         if not path.is_file():
             raise EngineError(f"ONNX graph {path} does not exist; re-export the bundle with spec-export")
         try:
-            self.session = ort.InferenceSession(str(path), _session_options(ort, threads, optimize),
+            self.session = ort.InferenceSession(str(path), _session_options(ort, threads, optimize, profile_prefix),
                                                 providers=resolve_providers(providers))
         except Exception as e:  # onnxruntime raises its own classes (InvalidProtobuf, Fail, ...)
             raise EngineError(load_error(path, str(e), ort.__version__)) from e
@@ -224,7 +224,7 @@ class OrtEngine:
                            f"{_brief(message)}{hint}")
 
 
-def _session_options(ort, threads: int, optimize: bool = True):
+def _session_options(ort, threads: int, optimize: bool = True, profile_prefix: str | None = None):
     """Every session the engines make (graphs and helper graphs) is configured here."""
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads
@@ -233,6 +233,9 @@ def _session_options(ort, threads: int, optimize: bool = True):
     so.graph_optimization_level = (ort.GraphOptimizationLevel.ORT_ENABLE_ALL if optimize
                                    else ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
     so.log_severity_level = 3
+    if profile_prefix:              # onnxruntime's per-node profiler (tools/lab/profile_step.py)
+        so.enable_profiling = True
+        so.profile_file_prefix = profile_prefix
     return so
 
 
