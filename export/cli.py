@@ -1,8 +1,9 @@
-"""spec-export: Hugging Face causal LM folder(s) -> ONNX bundle with a manifest.
+"""spec-export: Hugging Face causal LM folder(s) or GGUF files -> ONNX bundle with a manifest.
 
-  spec-export --target DIR --draft DIR --out BUNDLE [--dtype fp32|fp16] [--draft-dtype D] [--max-draft-tokens K]
-              [--max-context N] [--prompts FILE] [--overwrite] [--allow-pickle]
-  spec-export model DIR --out OUT [same options]
+  spec-export --target DIR|GGUF --draft DIR|GGUF --out BUNDLE [--dtype fp32|fp16] [--draft-dtype D]
+              [--max-draft-tokens K] [--max-context N] [--prompts FILE] [--overwrite] [--allow-pickle]
+  spec-export model DIR|GGUF --out OUT [same options]
+  spec-export triton BUNDLE OUT [--name specedge] [--instances 1]   (a Triton model repository)
 """
 from __future__ import annotations
 
@@ -42,8 +43,31 @@ def main(argv: list[str] | None = None) -> int:
     return guarded(_main, argv, prog="spec-export")
 
 
+def _triton(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="spec-export triton",
+                                 description="a Triton Inference Server model repository serving a bundle "
+                                             "(Python backend, streaming, batch 1)")
+    ap.add_argument("bundle", type=Path)
+    ap.add_argument("out", type=Path, help="model repository folder to write (new)")
+    ap.add_argument("--name", default="specedge", help="model name in the repository")
+    ap.add_argument("--instances", type=int, default=1, help="model instances per server (each serves one request "
+                                                               "at a time)")
+    ap.add_argument("--threads", type=int, default=0, help="each instance's target threads (0 = all cores)")
+    args = ap.parse_args(argv)
+    from .triton import export_triton
+    try:
+        out = export_triton(args.bundle, args.out, name=args.name, instances=args.instances, threads=args.threads)
+    except SpecedgeError as e:
+        print(f"spec-export: error: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {out} (tritonserver --model-repository {out})", file=sys.stderr)
+    return 0
+
+
 def _main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["triton"]:
+        return _triton(argv[1:])
     single = bool(argv) and argv[0] == "model"
     ap = argparse.ArgumentParser(prog="spec-export model" if single else "spec-export",
                                  description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
