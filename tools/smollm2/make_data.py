@@ -107,6 +107,40 @@ def write_shard(path: Path, seqs, model, torch) -> int:
     return len(tokens)
 
 
+WINDOW, WINDOWS_PER_SHARD = 256, 16
+
+
+def corpus(model, tok, out: Path, *, part: int, parts: int, torch) -> None:
+    """Shards corpus_NNNNN: windows of training-split standard library files, read by the target in one
+    pass each (n_prompt 0: every position is the target's own reading of real text)."""
+    import sysconfig
+    lib = Path(sysconfig.get_paths()["stdlib"])
+    windows = []
+    for path in prompt_sets.code_files():
+        rel = str(path.relative_to(lib))
+        if prompt_sets.held_out(rel):
+            continue
+        try:
+            ids = tok(path.read_text(encoding="utf-8"))["input_ids"]
+        except (UnicodeDecodeError, OSError):
+            continue
+        windows += [ids[i:i + WINDOW] for i in range(0, len(ids) - WINDOW + 1, WINDOW)]
+    import random
+    random.Random(0).shuffle(windows)
+    n_shards = len(windows) // WINDOWS_PER_SHARD
+    for s in range(part, n_shards, parts):
+        path = out / f"corpus_{s:05d}.safetensors"
+        if path.exists():
+            continue
+        t0 = time.time()
+        batch = windows[s * WINDOWS_PER_SHARD:(s + 1) * WINDOWS_PER_SHARD]
+        with torch.no_grad():
+            h = model.model(input_ids=torch.tensor(batch)).last_hidden_state
+            n = write_shard(path, [(ids, 0, h[r]) for r, ids in enumerate(batch)], model, torch)
+        print(json.dumps({"corpus_shard": s, "of": n_shards, "tokens": n, "seconds": round(time.time() - t0, 1)}),
+              flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", type=Path)
@@ -117,6 +151,9 @@ def main() -> None:
     ap.add_argument("--part", default="0/1", help="i/n: this process makes shards i, i+n, ...")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--write-held-out", type=Path, help="write the held-out evaluation prompts and exit")
+    ap.add_argument("--corpus", action="store_true",
+                    help="teacher-forced instead: the target reads the training split of the standard library's "
+                         "files in 256-token windows (no generation: several times the tokens per second)")
     args = ap.parse_args()
     train, held = prompt_sets.build()
     if args.write_held_out:
@@ -132,6 +169,8 @@ def main() -> None:
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
     args.out.mkdir(parents=True, exist_ok=True)
     part, parts = map(int, args.part.split("/"))
+    if args.corpus:
+        return corpus(model, tok, args.out, part=part, parts=parts, torch=torch)
     encoded = [(item, render(tok, item)) for item in train]
     encoded = [(item, ids) for item, ids in encoded if len(ids) <= args.max_prompt]
     n_shards = (len(encoded) + args.batch - 1) // args.batch

@@ -100,7 +100,7 @@ that checks whether a year is a leap year.|Write a Python function that transpos
     "\n", " ")
 
 
-def _held_out(key: str, every: int = 10) -> bool:
+def held_out(key: str, every: int = 10) -> bool:
     return int(hashlib.sha256(key.encode()).hexdigest(), 16) % every == 0
 
 
@@ -145,7 +145,7 @@ def build(seed: int = 0) -> tuple[list[dict], list[dict]]:
     train, held = [], []
 
     def add(item: dict, key: str) -> None:
-        (held if _held_out(key) else train).append(item)
+        (held if held_out(key) else train).append(item)
 
     lib = Path(sysconfig.get_paths()["stdlib"])
     for path in code_files():

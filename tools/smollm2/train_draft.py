@@ -29,12 +29,14 @@ HELD_OUT = 19     # shard index % 20
 
 
 def shard_paths(data: Path, *, held_out: bool) -> list[Path]:
+    """The target's answers (shard_*: every 20th held out) and, for training, its reading of the corpus
+    (corpus_*: make_data.py --corpus)."""
     out = []
     for p in sorted(data.glob("shard_*.safetensors")):
         idx = int(p.stem.split("_")[1])
         if (idx % 20 == HELD_OUT) == held_out:
             out.append(p)
-    return out
+    return out if held_out else out + sorted(data.glob("corpus_*.safetensors"))
 
 
 def load_sequences(paths: list[Path], max_len: int) -> list[dict]:
