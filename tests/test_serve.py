@@ -290,9 +290,9 @@ def test_a_client_leaving_a_plain_request_frees_its_place(decoder):
     with serving(decoder, max_queue=4, timeout=60) as (url, app):
         engine, body = app.state.engine, {"prompt": PROMPT, "max_tokens": 4, "temperature": 0}
 
-        def gives_up():
+        def gives_up():     # long enough to be queued on a loaded machine, far shorter than the hold
             with pytest.raises(httpx.TimeoutException):
-                httpx.post(url + "/v1/completions", json=body, timeout=0.5)
+                httpx.post(url + "/v1/completions", json=body, timeout=2.0)
         with _decoder_held(decoder), ThreadPoolExecutor(2) as pool:
             for f in [pool.submit(gives_up) for _ in range(2)]:
                 f.result()
