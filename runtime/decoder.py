@@ -122,7 +122,11 @@ class SpeculativeDecoder:
                   draft_kind=m.models["draft"].kind if "draft" in m.models else "causal_lm")
         if m.chat_template:
             tokens = {k: v for k, v in m.chat_tokens.items() if k in ("bos_token", "eos_token") and isinstance(v, str)}
-            dec.chat = ChatTemplate((path / m.chat_template).read_text(encoding="utf-8"), **tokens)
+            try:
+                dec.chat = ChatTemplate((path / m.chat_template).read_text(encoding="utf-8"), **tokens)
+            except UnicodeDecodeError as e:
+                raise BundleError(f"the bundle's chat template {m.chat_template} is not UTF-8 text ({e}); re-export "
+                                  f"the bundle") from None
         if speculative == "auto" and dec.draft is not None:
             # timed once per bundle and machine: later loads read the verdict (runtime/costs.cached_verdict)
             key = guard_key(path, threads=threads, draft_threads=draft_threads, providers=providers)
