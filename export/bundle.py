@@ -140,8 +140,8 @@ def export_head_model(src: Path, dst: Path, *, role: str, k: int, max_context: i
 
 
 def export_one(src: Path, dst: Path, *, role: str, dtype: str, max_context: int | None, k: int,
-               allow_pickle: bool, opset: int, builder: str = "torch", quiet: bool = False,
-               origin: Path | None = None, hidden: bool = False, **_) -> ModelInfo:
+               allow_pickle: bool, opset: int, builder: str = "torch", quant_block: int | None = None,
+               quiet: bool = False, origin: Path | None = None, hidden: bool = False, **_) -> ModelInfo:
     from .genai import export_genai
     from .graph import export_onnx
     from .heads import KEEP, add_logits_to_keep
@@ -152,9 +152,11 @@ def export_one(src: Path, dst: Path, *, role: str, dtype: str, max_context: int 
     with phase(f"[{role}] load {src}", quiet):     # the PyTorch reference (fp32 for int4 graphs)
         model, dims = load_model(src, dtype=_reference_dtype(dtype), max_context=max_context,
                                  allow_pickle=allow_pickle)
+    block = (quant_block or QUANT_BLOCK) if builder == "genai" and dtype in QUANTIZED else None
     with phase(f"[{role}] export ONNX ({builder})", quiet):
         if builder == "genai":
-            inputs, outputs = export_genai(src, dst, precision=dtype)
+            inputs, outputs = export_genai(src, dst, precision=dtype,
+                                           extra_options={"block_size": str(block)} if block else None)
         else:
             export_onnx(model, dims, dst / "model.onnx", opset=opset)
             inputs, outputs = io_names(dims["num_layers"])
@@ -189,10 +191,13 @@ def export_one(src: Path, dst: Path, *, role: str, dtype: str, max_context: int 
             shutil.copy2(src / name, dst / name)
     return ModelInfo(file=f"{role}/model.onnx", inputs=inputs, outputs=outputs, parity=parity,
                      export_seconds=round(time.perf_counter() - t0, 2), source=str(Path(origin or src).resolve()),
-                     opset=opset if builder == "torch" else 0, builder=builder, weights=dtype, **dims)
+                     opset=opset if builder == "torch" else 0, builder=builder, weights=dtype,
+                     quant_block=block, **dims)
 
 
 QUANTIZED = ("int4", "int8")     # weight-only precisions of the genai builder (MatMulNBits)
+QUANT_BLOCKS = (16, 32, 64, 128, 256)   # what MatMulNBits takes
+QUANT_BLOCK = 32                 # as llama.cpp's Q8_0 / Q4_0; larger blocks decode faster and agree less with fp32
 
 
 def _reference_dtype(dtype: str) -> str:
@@ -326,7 +331,8 @@ def export_bundle(*, target: Path, draft: Path | None, out: Path, **options) -> 
 def _export_folders(*, target: Path, draft: Path | None, out: Path, origins: dict, dtype: str = "fp32",
                     draft_dtype: str | None = None, k: int = 8, max_context: int | None = None,
                     prompts: Path | None = None, overwrite: bool = False, allow_pickle: bool = False,
-                    opset: int | None = None, builder: str = "torch", quiet: bool = False) -> Manifest:
+                    opset: int | None = None, builder: str = "torch", quant_block: int | None = None,
+                    quiet: bool = False) -> Manifest:
     from specedge.runtime import __version__
 
     from .graph import DEFAULT_OPSET, OPSETS
@@ -338,6 +344,10 @@ def _export_folders(*, target: Path, draft: Path | None, out: Path, origins: dic
         raise ExportError(f"--opset {opset} is not supported; use one of {', '.join(map(str, OPSETS))}")
     if builder not in ("torch", "genai"):
         raise ExportError(f"--builder {builder!r} is not supported; use torch or genai")
+    if quant_block is not None and (quant_block not in QUANT_BLOCKS or builder != "genai"
+                                    or not {dtype, draft_dtype} & set(QUANTIZED)):
+        raise ExportError(f"--quant-block {quant_block}: the block size of int8/int4 weights (--builder genai) is one "
+                          f"of {', '.join(map(str, QUANT_BLOCKS))}")
     sources = {"target": Path(target)} | ({"draft": Path(draft)} if draft else {})
     # fail fast: every refusal before any heavy work
     kinds = {role: draft_kind(src) for role, src in sources.items()}
@@ -379,7 +389,8 @@ def _export_folders(*, target: Path, draft: Path | None, out: Path, origins: dic
         hidden = kinds.get("draft") == "eagle"
         models = {role: EXPORTERS[kinds[role]](src, tmp / role, role=role, dtype=dtypes[role], max_context=max_context,
                                                k=k, allow_pickle=allow_pickle, opset=opset, builder=builder,
-                                               quiet=quiet, origin=origins[role], hidden=hidden and role == "target",
+                                               quant_block=quant_block, quiet=quiet, origin=origins[role],
+                                               hidden=hidden and role == "target",
                                                target_src=sources["target"])
                   for role, src in sources.items()}
         for role, info in list(models.items()):      # the weights file too: a missing one is named at load

@@ -24,6 +24,9 @@ def _common(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--builder", default="torch", choices=["torch", "genai"],
                     help="torch: torch.onnx dynamo export (default); genai: onnxruntime-genai's model builder "
                          "(fused attention/norm graphs, int4 weights; needs onnxruntime-genai)")
+    ap.add_argument("--quant-block", type=int, default=None, metavar="B",
+                    help="block size of int8/int4 weights (16, 32, 64, 128, 256; default 32, as llama.cpp's "
+                         "Q8_0/Q4_0): larger blocks decode faster and agree less with fp32")
     ap.add_argument("--max-draft-tokens", type=int, default=8, metavar="K",
                     help="largest K the runtime may use; the verify pass covers K+1 positions (default 8)")
     ap.add_argument("--max-context", type=int, default=None, metavar="N",
@@ -85,7 +88,7 @@ def _main(argv: list[str] | None = None) -> int:
                       out=args.out, dtype=args.dtype, draft_dtype=args.draft_dtype, k=args.max_draft_tokens,
                       max_context=args.max_context,
                       prompts=args.prompts, overwrite=args.overwrite, allow_pickle=args.allow_pickle,
-                      opset=args.opset, builder=args.builder, quiet=args.quiet)
+                      opset=args.opset, builder=args.builder, quant_block=args.quant_block, quiet=args.quiet)
     except SpecedgeError as e:
         print(f"spec-export: error: {e}", file=sys.stderr)
         return 2

@@ -21,8 +21,10 @@ from .loader import ExportError
 PRECISIONS = {"fp32": "fp32", "fp16": "fp16", "int8": "int8", "int4": "int4"}
 
 
-def run_builder(src: Path, out: Path, *, precision: str, timeout: int = 3600) -> None:
-    """Build `src` into `out` (model.onnx, model.onnx.data, genai_config.json, tokenizer files)."""
+def run_builder(src: Path, out: Path, *, precision: str, extra_options: dict[str, str] | None = None,
+                timeout: int = 3600) -> None:
+    """Build `src` into `out` (model.onnx, model.onnx.data, genai_config.json, tokenizer files);
+    `extra_options` go to the builder's --extra_options (e.g. {"block_size": "128"})."""
     if importlib.util.find_spec("onnxruntime_genai") is None:
         raise ExportError("--builder genai needs onnxruntime-genai: pip install 'specedge[bench]' "
                           "or pip install onnxruntime-genai")
@@ -32,6 +34,8 @@ def run_builder(src: Path, out: Path, *, precision: str, timeout: int = 3600) ->
     with tempfile.TemporaryDirectory(prefix="genai-build-") as scratch:
         cmd = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(src), "-o", str(out),
                "-p", PRECISIONS[precision], "-e", "cpu", "-c", str(Path(scratch) / "hf_cache")]
+        if extra_options:
+            cmd += ["--extra_options"] + [f"{k}={v}" for k, v in extra_options.items()]
         # cwd=scratch: the builder may drop files in its working directory
         proc = subprocess.run(cmd, cwd=scratch, capture_output=True, text=True, timeout=timeout,
                               env={**os.environ, "HF_HUB_OFFLINE": "1"})
@@ -43,12 +47,13 @@ def run_builder(src: Path, out: Path, *, precision: str, timeout: int = 3600) ->
                           f"{tail[0]}; export with --builder torch instead")
 
 
-def export_genai(src: Path, dst: Path, *, precision: str) -> tuple[list[str], list[str]]:
+def export_genai(src: Path, dst: Path, *, precision: str,
+                 extra_options: dict[str, str] | None = None) -> tuple[list[str], list[str]]:
     """Build into dst/ keeping only the graph, its weights and genai_config.json; return I/O names."""
     import onnx
 
     build = dst / ".build"
-    run_builder(src, build, precision=precision)
+    run_builder(src, build, precision=precision, extra_options=extra_options)
     for name in ("model.onnx", "model.onnx.data", "genai_config.json"):
         if (build / name).is_file():
             shutil.move(str(build / name), str(dst / name))

@@ -52,16 +52,16 @@ def loop_costs(dec, prompt: list[int], *, ks, new_tokens: int = 32) -> dict:
             "draft_step_ms": 1e3 * statistics.median(draft)}
 
 
-def speculation_pays(dec, prompt: list[int], *, max_k: int) -> tuple[bool, str]:
-    """Time the loop on `prompt` (7 short greedy requests) and say whether the draft, at the acceptance
-    it showed there, lets speculation reach GUARD_MIN_BOUND x target-only decoding at its best k; the
-    reason in words."""
-    ks = [k for k in GUARD_KS if k <= max_k] or [max_k]
+def speculation_pays(dec, prompt: list[int], *, max_k: int) -> tuple[bool, str, int]:
+    """Time the loop on `prompt` (short greedy requests at k = 1, 2, 4 and max_k) and say whether the
+    draft, at the acceptance it showed there, lets speculation reach GUARD_MIN_BOUND x target-only
+    decoding at its best k; the reason in words, and that k (the default where a request names none)."""
+    ks = sorted({k for k in GUARD_KS if k <= max_k} | {max_k})
     costs = loop_costs(dec, prompt, ks=ks)
     k, bound = best_bound(costs, costs["alpha"])
     why = (f"a draft step costs {costs['c']:.2f} target steps, a {k + 1}-token verify {costs['r'][k]:.2f}, and "
            f"alpha was {costs['alpha']:.2f}: the best k ({k}) would run at {bound:.2f}x target-only decoding")
-    return bound >= GUARD_MIN_BOUND, why
+    return bound >= GUARD_MIN_BOUND, why, k
 
 
 def per_call_costs(plain, spec) -> dict:
@@ -103,8 +103,8 @@ def guard_key(bundle, *, threads: int, draft_threads: int, providers) -> str:
     return h.hexdigest()[:32]
 
 
-def cached_verdict(key: str, measure) -> tuple[bool, str, bool]:
-    """The guard's (pays, why) for `key` from the cache, else measure() and remember it; the last
+def cached_verdict(key: str, measure) -> tuple[bool, str, int, bool]:
+    """The guard's (pays, why, k) for `key` from the cache, else measure() and remember it; the last
     element says whether it came from the cache. A cache that cannot be written is skipped."""
     import json
     import os
@@ -114,13 +114,13 @@ def cached_verdict(key: str, measure) -> tuple[bool, str, bool]:
     path = Path(os.environ.get("SPECEDGE_CACHE", Path.home() / ".cache" / "specedge")) / "guard" / f"{key}.json"
     try:
         got = json.loads(path.read_text())
-        return bool(got["pays"]), str(got["why"]), True
+        return bool(got["pays"]), str(got["why"]), int(got["k"]), True
     except (OSError, ValueError, KeyError, TypeError):
         pass
-    pays, why = measure()
+    pays, why, k = measure()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(path, json.dumps({"pays": pays, "why": why}))
+        write_atomic(path, json.dumps({"pays": pays, "why": why, "k": k}))
     except OSError:
         pass
-    return pays, why, False
+    return pays, why, k, False

@@ -39,6 +39,7 @@ class SpeculativeDecoder:
         self.draft_note: str | None = None       # why from_bundle dropped the draft model, if it did
         self.chat: ChatTemplate | None = None    # the tokenizer's chat template, when the bundle has one
         self.guard_cached = False                # whether from_bundle's speculation check came from its cache
+        self.guard_k: int | None = None          # the k that check found best on this machine
         self.prefix = PrefixCache()
         self._lock = threading.Lock()            # one request at a time; a stream holds it until it ends
         self._owner: int | None = None           # the thread whose request holds it
@@ -56,20 +57,20 @@ class SpeculativeDecoder:
 
     @property
     def default_k(self) -> int:
-        """Most draft tokens per round when a request gives none: the config's k, else DEFAULT_K
-        bounded by the bundle."""
-        return self.config.k or min(DEFAULT_K, self.max_draft_tokens)
+        """Most draft tokens per round when a request gives none: the config's k, else the k that
+        from_bundle's check measured best on this machine, else DEFAULT_K bounded by the bundle."""
+        return self.config.k or self.guard_k or min(DEFAULT_K, self.max_draft_tokens)
 
     @classmethod
     def from_bundle(cls, path: str | Path, *, providers: list[str] | None = None, threads: int = 0,
                     draft_threads: int = 1, speculative: bool | str = "auto", config: GenerationConfig | None = None):
         """Load a bundle written by spec-export; its manifest is checked before any graph loads.
 
-        `speculative`: "auto" loads the draft and times the loop on the bundle's first prompt (seven short
-        greedy requests; specedge.runtime.costs): where the costs and acceptance
+        `speculative`: "auto" loads the draft and times the loop on the bundle's first prompt (short greedy
+        requests at a few k; specedge.runtime.costs): where the costs and acceptance
         seen there give no k a Leviathan bound of 1.0x, the draft model is dropped and `draft_note` says
-        why (requests then decode target-only, or with prompt lookup when they ask for it). True keeps
-        the draft whatever it costs; False never loads it.
+        why (requests then decode target-only, or with prompt lookup when they ask for it); else the
+        best k becomes the default (`default_k`). True keeps the draft whatever it costs; False never loads it.
 
         `config` holds the request defaults; without one they are GenerationConfig()'s under the target's
         own generation_config.json sampling settings (do_sample, temperature, top_k, top_p,
@@ -132,8 +133,10 @@ class SpeculativeDecoder:
             key = guard_key(path, threads=threads, draft_threads=draft_threads, providers=providers)
             measure = lambda: speculation_pays(dec, _guard_prompt(path, m, tokenizer, dec.max_context),
                                                max_k=dec.default_k)
-            pays, why, dec.guard_cached = cached_verdict(key, measure)
-            if not pays:      # the draft session's memory goes with it
+            pays, why, k, dec.guard_cached = cached_verdict(key, measure)
+            if pays:          # a cheap verify (small r(k)) makes a long k pay; a costly one a short k
+                dec.guard_k = min(k, dec.max_draft_tokens)
+            else:      # the draft session's memory goes with it
                 dec.draft, dec.draft_note = None, f"speculation off: {why}; pass speculative=True to force it"
         return dec
 

@@ -61,6 +61,7 @@ class ModelInfo:
     weights: str = "fp32"     # weight precision: fp32, fp16 or int4 (genai builder only)
     kind: str = "causal_lm"   # "eagle": a hidden-state draft head, fed the target's hidden_states
     data: str | None = None   # the graph's external weights file, relative to the bundle root
+    quant_block: int | None = None   # block size of int8/int4 (MatMulNBits) weights
 
     @property
     def kv_in_place(self) -> bool:
@@ -180,7 +181,7 @@ class Manifest:
 
 
 _KINDS = {"str": str, "int": int, "float": (int, float), "dict": dict, "list[str]": list, "list[int]": list,
-          "str | None": (str, type(None)), "dict[str, ModelInfo]": dict}
+          "str | None": (str, type(None)), "int | None": (int, type(None)), "dict[str, ModelInfo]": dict}
 
 
 def _check_fields(obj, what: str, skip: tuple[str, ...] = ()) -> None:

@@ -212,10 +212,17 @@ def test_genai_builder_graphs_run_in_our_runtime(tmp_path, llama_target, llama_d
     from specedge.runtime import SpeculativeDecoder
     out = tmp_path / dtype
     draft_dtype = "int8" if dtype == "fp32" else None
+    block = 64 if dtype == "int4" else None          # the int4 weights' block size, not the default 32
     m = export_bundle(target=llama_target, draft=llama_drafts["agree"], out=out, builder="genai", dtype=dtype,
-                      draft_dtype=draft_dtype, k=4, max_context=128, quiet=True)
+                      draft_dtype=draft_dtype, k=4, max_context=128, quant_block=block, quiet=True)
     info = m.models["target"]
     assert info.builder == "genai" and info.weights == dtype and "position_ids" not in info.inputs
+    assert info.quant_block == block and m.models["draft"].quant_block == (32 if draft_dtype else block)
+    if block:
+        import onnx
+        graph = onnx.load(str(out / info.file), load_external_data=False).graph
+        sizes = {a.i for n in graph.node if n.op_type == "MatMulNBits" for a in n.attribute if a.name == "block_size"}
+        assert sizes == {block}
     assert m.models["draft"].weights == (draft_dtype or dtype)
     bound = 1e-4 if dtype == "fp32" else 0.5          # int4 of random weights is lossy; fp32 is exact
     assert all(info.parity[c]["max_rel_diff"] < bound for c in CASES), info.parity
@@ -271,6 +278,15 @@ def test_genai_builder_refuses_a_head_dim_its_attention_cannot_run(tmp_path, lla
 def test_int4_needs_the_genai_builder(tmp_path, llama_target):
     with pytest.raises(ExportError, match="--builder genai"):
         export_bundle(target=llama_target, draft=None, out=tmp_path / "b", dtype="int4", quiet=True)
+
+
+@pytest.mark.parametrize("options", [dict(quant_block=48, builder="genai", dtype="int4"),
+                                     dict(quant_block=64, builder="genai", dtype="fp32"),
+                                     dict(quant_block=64, dtype="fp32")])
+def test_quant_block_needs_quantized_genai_weights_and_a_size_matmulnbits_takes(tmp_path, llama_target, options):
+    with pytest.raises(ExportError, match=f"--quant-block {options['quant_block']}: .* one of 16, 32, 64, 128, 256"):
+        export_bundle(target=llama_target, draft=None, out=tmp_path / "b", quiet=True, **options)
+    assert not (tmp_path / "b").exists()
 
 
 def test_overwrite_never_deletes_a_folder_that_is_not_a_bundle(tmp_path, llama_target):

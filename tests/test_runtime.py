@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from specedge.engines import EngineError, OrtEngine
-from specedge.runtime import BundleError, ConfigError, SpeculativeDecoder
+from specedge.runtime import BundleError, ConfigError, GenerationConfig, SpeculativeDecoder
 from specedge.runtime.cli import main as run_main
 from specedge.runtime.text import TextStream
 
@@ -477,6 +477,28 @@ def test_speculation_guard_drops_a_draft_that_cannot_pay(pair_bundles, capsys):
         assert run_main([bundle, "abc", "--json", "--max-new-tokens", "8", *flags]) == 0
         out = capsys.readouterr()
         assert ("speculation off" in out.err) != drafted and (json.loads(out.out)["stats"]["drafted"] > 0) == drafted
+
+
+def test_the_guard_sets_the_default_k_it_measured_best(pair_bundles, tmp_path, monkeypatch):
+    """The start-up check's best k becomes default_k (a request's or the config's k still wins); its
+    verdict is cached with that k, and a cached verdict without one (an older cache) is measured again."""
+    from specedge.runtime.costs import guard_key
+    monkeypatch.setenv("SPECEDGE_CACHE", str(tmp_path))
+    bundle = pair_bundles["agree"]
+    path = tmp_path / "guard" / f"{guard_key(bundle, threads=1, draft_threads=1, providers=None)}.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"pays": True, "why": "seeded", "k": 2}))
+    dec = SpeculativeDecoder.from_bundle(bundle, threads=1)
+    assert dec.guard_cached and dec.guard_k == 2 and dec.default_k == 2
+    assert dec.generate(PROMPTS[0], max_new_tokens=8).stats.k == 2
+    assert dec.generate(PROMPTS[0], max_new_tokens=8, k=3).stats.k == 3
+    pinned = SpeculativeDecoder.from_bundle(bundle, threads=1, config=GenerationConfig(k=4))
+    assert pinned.default_k == 4
+    path.write_text(json.dumps({"pays": True, "why": "seeded"}))          # no k: measured again
+    dec = SpeculativeDecoder.from_bundle(bundle, threads=1)
+    got = json.loads(path.read_text())
+    assert not dec.guard_cached and got["k"] in (1, 2, 4, min(6, dec.max_draft_tokens))
+    assert dec.default_k == (got["k"] if dec.draft is not None else min(6, dec.max_draft_tokens))
 
 
 def test_a_bundle_this_onnxruntime_cannot_run_is_refused_before_loading(pair_bundles):
