@@ -1,7 +1,11 @@
 """spec-bench BUNDLE: speculative vs target-only tokens/s, alpha, c, r(K), the Leviathan bound and
 efficiency, for greedy and T = 0.8 -- and, with --peers, onnxruntime-genai, HF transformers and llama.cpp
 (when its binaries are built: tools/lab/build_llama_cpp.py) on the same pair, prompts and token budget,
-each in its own subprocess (this process never imports torch).
+interleaved with ours prompt by prompt (bench/interleave.py): every repeat, every prompt runs on every
+system, target-only and speculative at the best K, in an order that rotates; reported are each one's
+median tokens/s over repeats and the per-repeat ratios ours/peer with their median, min and max. The
+Python peers run in worker processes that load once (this process never imports torch or
+onnxruntime-genai); llama.cpp runs its binaries per request, timed by its own clocks.
 """
 from __future__ import annotations
 
@@ -12,7 +16,6 @@ import os
 import platform
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -20,9 +23,10 @@ from specedge.runtime.costs import speculation_pays
 from specedge.runtime.files import write_atomic
 from specedge.runtime.manifest import read_prompts
 
-from . import memory, ours
+from . import interleave, memory, ours
 
 MODES = {"greedy": {"temperature": 0.0}, "sampled": {"temperature": 0.8}}
+# each peer's JSON keys for its target-only and speculative tokens/s (HF's speculative mode: assisted generation)
 PEER_KEYS = {"ortgenai": ("ortgenai_plain", "ortgenai_spec"), "hf": ("hf_plain", "hf_assisted"),
              "llamacpp": ("llamacpp_plain", "llamacpp_spec")}
 LLAMA_PRECISIONS = ("auto", "f32", "f16", "q8_0", "q4_0", "as-is")
@@ -35,7 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--n-prompts", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--ks", default="1,2,3,4,5,6,7,8", help="comma list of K to sweep")
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=3,
+                    help="repeats of every prompt (ours' K sweep, then the interleaved peers' comparison); "
+                         "figures are medians over repeats")
     ap.add_argument("--threads", type=int, default=1, help="intra-op threads for every system's target (default 1)")
     ap.add_argument("--draft-threads", type=int, default=1,
                     help="the draft's intra-op threads, ours and onnxruntime-genai's (default 1)")
@@ -43,7 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="prompt lookup in the defaults row (spec-run --ngram); fixed-K rows never use it")
     ap.add_argument("--quick", action="store_true", help="3 prompts, K in {2,4,6}, 48 tokens, 2 repeats")
     ap.add_argument("--peers", action="store_true",
-                    help="also run onnxruntime-genai, HF transformers and llama.cpp (if built)")
+                    help="also run onnxruntime-genai, HF transformers and llama.cpp (if built), interleaved with "
+                         "ours prompt by prompt in a rotating order, target-only and speculative at the best K; "
+                         "reports ours/peer per repeat (median, min-max)")
     ap.add_argument("--target-hf", type=Path, help="target HF folder for the peers (default: manifest source)")
     ap.add_argument("--draft-hf", type=Path, help="draft HF folder for the peers (default: manifest source)")
     ap.add_argument("--llama-precision", choices=LLAMA_PRECISIONS, default="auto",
@@ -60,24 +68,6 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-def run_peer(system: str, *, mode: str, k: int, target: Path, draft: Path, prompts: Path, draft_precision: str,
-             args) -> dict:
-    """One peer in its own subprocess; a peer that cannot run yields None figures and its error."""
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "peer.json"
-        cmd = [sys.executable, "-m", "specedge.bench.peers", "--system", system, "--target", str(target),
-               "--draft", str(draft), "--prompts", str(prompts), "--n-prompts", str(args.n_prompts),
-               "--max-new-tokens", str(args.max_new_tokens), "--mode", mode,
-               "--temperature", str(MODES["sampled"]["temperature"]), "--k", str(k),
-               "--threads", str(args.threads), "--draft-threads", str(args.draft_threads),
-               "--draft-precision", draft_precision, "--repeats", str(max(1, args.repeats - 1)),
-               "--cache", str(Path.home() / ".cache" / "specedge" / "peers"), "--json", str(out)]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-        if out.is_file():
-            return json.loads(out.read_text())
-        return {"error": f"{system} exited {proc.returncode}: {proc.stderr.strip()[-300:]}"}
-
-
 def llama_precision(choice: str, bundle_weights: str) -> str:
     """The GGUF type at the bundle's weight precision (auto), or the one asked for."""
     if choice != "auto":
@@ -86,27 +76,50 @@ def llama_precision(choice: str, bundle_weights: str) -> str:
     return BUNDLE_TO_GGUF.get(bundle_weights, "f32")
 
 
-def run_llamacpp(*, mode: str, k: int, target: Path, draft: Path | None, prompts: Path, precision: str,
-                 draft_precision: str, args) -> dict:
-    """llama.cpp in its own subprocess (bench/llamacpp.py), as the other peers."""
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "peer.json"
-        cmd = [sys.executable, "-m", "specedge.bench.llamacpp", "--target", str(target),
-               "--prompts", str(prompts), "--n-prompts", str(args.n_prompts),
-               "--max-new-tokens", str(args.max_new_tokens), "--mode", mode,
-               "--temperature", str(MODES["sampled"]["temperature"]), "--k", str(k),
-               "--threads", str(args.threads), "--draft-threads", str(args.draft_threads),
-               "--precision", precision, "--draft-precision", draft_precision,
-               "--repeats", str(max(1, args.repeats - 1)), "--json", str(out)]
-        if draft is not None:
-            cmd += ["--draft", str(draft)]
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
-        except subprocess.TimeoutExpired:
-            return {"error": "llamacpp timed out after 3600 s"}
-        if out.is_file():
-            return json.loads(out.read_text())
-        return {"error": f"llamacpp exited {proc.returncode}: {proc.stderr.strip()[-300:]}"}
+def start_peer(system: str, *, target: Path, draft: Path, prompts: list[str], draft_precision: str,
+               args) -> interleave.PeerProcess:
+    """onnxruntime-genai or HF in its worker process (bench/peers.py), which starts loading now; a peer that
+    cannot run yields null figures and its error."""
+    cmd = [sys.executable, "-m", "specedge.bench.peers", "--system", system, "--target", str(target),
+           "--draft", str(draft), "--warmup-prompt", prompts[0], "--max-new-tokens", str(args.max_new_tokens),
+           "--threads", str(args.threads), "--draft-threads", str(args.draft_threads),
+           "--draft-precision", draft_precision, "--cache", str(Path.home() / ".cache" / "specedge" / "peers")]
+    return interleave.PeerProcess(system, cmd, prompts, max_new_tokens=args.max_new_tokens)
+
+
+def compare_peers(dec, prompts: list[str], *, manifest, result: dict, args) -> tuple[dict, dict]:
+    """Ours and the peers interleaved per prompt, at each mode's best K: (result["peers"], its errors)."""
+    from .llamacpp import find_bin_dir, not_built_message
+    errors: dict = {}
+    bin_dir = find_bin_dir()
+    if bin_dir is None:
+        print(f"[peer] llamacpp skipped: {not_built_message()}", file=sys.stderr, flush=True)
+        errors["llamacpp"] = not_built_message()
+    tinfo, dinfo = manifest.models["target"], manifest.models["draft"]
+    head = dinfo.kind == "eagle"     # a hidden-state head: no peer's speculative mode can run it
+    if head:
+        errors["draft"] = ("the draft is a hidden-state head, which the peers' speculative modes cannot run: "
+                           "llama.cpp runs target-only; onnxruntime-genai and HF run only with --draft-hf (a draft "
+                           "model of their own)")
+    systems: list = [interleave.Ours(dec, prompts, max_new_tokens=args.max_new_tokens)]
+    if not head or args.draft_hf:
+        target, draft = args.target_hf or Path(tinfo.source), args.draft_hf or Path(dinfo.source)
+        systems += [start_peer(system, target=target, draft=draft, prompts=prompts, draft_precision=dinfo.weights,
+                               args=args) for system in ("ortgenai", "hf")]
+    if bin_dir is not None:
+        systems.append(interleave.LlamaCpp(
+            bin_dir, prompts, target=args.llama_target or Path(tinfo.source),
+            draft=args.llama_draft or (Path(dinfo.source) if dinfo.source and not head else None),
+            precision=llama_precision(args.llama_precision, tinfo.weights),
+            draft_precision=llama_precision(args.llama_draft_precision, dinfo.weights),
+            max_new_tokens=args.max_new_tokens, threads=args.threads, draft_threads=args.draft_threads))
+    modes = {mode: {"temperature": MODES[mode]["temperature"], "k": result[mode]["best_k"]} for mode in MODES}
+    results, infos = interleave.run(systems, len(prompts), modes=modes, repeats=args.repeats)
+    peers, run_errors = interleave.report(results, infos, PEER_KEYS, k_by_mode={m: v["k"] for m, v in modes.items()})
+    errors.update(run_errors)
+    # flat keys for the common case: greedy figures at the top of "peers"
+    peers.update({k: v for k, v in peers["greedy"].items() if not k.endswith("_detail")})
+    return peers, errors
 
 
 def plot(result: dict, path: Path) -> None:
@@ -181,13 +194,34 @@ def table(result: dict) -> str:
                                  fmt(m["peak_mb"])])
         rows += [""] + _md(["host memory, MiB above the import floor", "target only, held",
                             "target + draft, held", "peak"], mem_rows)
-    peers = result.get("peers")
-    if peers:
-        keys = [k for pair in PEER_KEYS.values() for k in pair]
-        rows += [""] + _md(["mode"] + keys,
-                           [[m] + ["n/a" if v is None else f"{v:.1f}" for v in (peers.get(m, {}).get(k) for k in keys)]
-                            for m in MODES])
+    if result.get("peers"):
+        rows += [""] + peers_table(result["peers"])
     return "\n".join(rows)
+
+
+def _ratio(r: dict | None) -> str:
+    return "n/a" if not r else f"{r['median']:.2f}x ({r['min']:.2f}-{r['max']:.2f})"
+
+
+def peers_table(peers: dict) -> list[str]:
+    """One row per mode and system, all from the interleaved requests: tokens/s (median over repeats) and
+    ours/that system (the median of the per-repeat ratios, min-max)."""
+    fmt = lambda v: "n/a" if v is None else f"{v:.1f}"
+    rows = []
+    for mode in MODES:
+        p = peers.get(mode) or {}
+        k = (p.get("ours_detail") or {}).get("k")
+        label = mode if k is None else f"{mode}, K = {k}"
+        rows.append([label, "specedge (ours)", fmt(p.get("ours_plain")), "", fmt(p.get("ours_spec")), ""])
+        for system, (plain_key, spec_key) in PEER_KEYS.items():
+            if f"{system}_detail" in p:
+                r = (p.get("ratios") or {}).get(system) or {}
+                rows.append([label, system, fmt(p.get(plain_key)), _ratio(r.get("plain")), fmt(p.get(spec_key)),
+                             _ratio(r.get("spec"))])
+    if not rows:
+        return []
+    return _md(["mode (best K)", "system, interleaved", "target-only tok/s", "ours / it (min-max)", "spec tok/s",
+                "ours / it (min-max)"], rows)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -231,7 +265,7 @@ def _main(argv: list[str] | None = None) -> int:
               "threads": args.threads, "draft_threads": args.draft_threads, "repeats": args.repeats,
               "machine": f"{platform.machine()}, {os.cpu_count()} cores", "step_costs": costs}
     # what from_bundle's default (speculative="auto") would decide on this machine; this run keeps the draft
-    keeps, why = speculation_pays(dec, dec.encode(prompts[0]), max_k=dec.default_k)
+    keeps, why, _ = speculation_pays(dec, dec.encode(prompts[0]), max_k=dec.default_k)
     result["guard"] = {"keeps_draft": keeps, "why": why}
     print("[ours] memory: target-only and speculative, each in a fresh process", file=sys.stderr, flush=True)
     try:
@@ -247,42 +281,8 @@ def _main(argv: list[str] | None = None) -> int:
                                 repeats=args.repeats)
         result[mode] = ours.summarize(variants, costs)
     if args.peers:
-        target = args.target_hf or Path(manifest.models["target"].source)
-        draft = args.draft_hf or Path(manifest.models["draft"].source)
-        result["peers"], result["peers_error"] = {}, {}
-        from .llamacpp import find_bin_dir, not_built_message
-        llama_built = find_bin_dir() is not None
-        if not llama_built:
-            print(f"[peer] llamacpp skipped: {not_built_message()}", file=sys.stderr, flush=True)
-            result["peers_error"]["llamacpp"] = not_built_message()
-        tinfo, dinfo = manifest.models["target"], manifest.models["draft"]
-        head = dinfo.kind == "eagle"     # a hidden-state head: no peer's speculative mode can run it
-        if head:
-            result["peers_error"]["draft"] = ("the draft is a hidden-state head, which the peers' speculative modes "
-                                              "cannot run: llama.cpp runs target-only; onnxruntime-genai and HF run "
-                                              "only with --draft-hf (a draft model of their own)")
-        llama = {"target": args.llama_target or Path(tinfo.source),
-                 "draft": args.llama_draft or (Path(dinfo.source) if dinfo.source and not head else None),
-                 "precision": llama_precision(args.llama_precision, tinfo.weights),
-                 "draft_precision": llama_precision(args.llama_draft_precision, dinfo.weights)}
-        for mode in MODES:
-            result["peers"][mode] = {}
-            for system, (plain_key, spec_key) in PEER_KEYS.items():
-                if system == "llamacpp" and not llama_built or system != "llamacpp" and head and not args.draft_hf:
-                    continue
-                print(f"[peer] {system} {mode}", file=sys.stderr, flush=True)
-                if system == "llamacpp":
-                    r = run_llamacpp(mode=mode, k=result[mode]["best_k"], prompts=prompts_path, args=args, **llama)
-                else:
-                    r = run_peer(system, mode=mode, k=result[mode]["best_k"], target=target, draft=draft,
-                                 prompts=prompts_path, draft_precision=manifest.models["draft"].weights, args=args)
-                result["peers"][mode][plain_key] = r.get("plain_tps")
-                result["peers"][mode][spec_key] = r.get("spec_tps")
-                result["peers"][mode][f"{system}_detail"] = r
-                if r.get("error"):
-                    result["peers_error"][f"{system}_{mode}"] = r["error"]
-        # flat keys for the common case: greedy figures at the top of "peers"
-        result["peers"].update({k: v for k, v in result["peers"]["greedy"].items() if not k.endswith("_detail")})
+        result["peers"], result["peers_error"] = compare_peers(dec, prompts, manifest=manifest, result=result,
+                                                               args=args)
     result["seconds"] = time.perf_counter() - t_start
     args.json.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(args.json, json.dumps(result, indent=1, default=str))

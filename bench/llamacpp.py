@@ -7,6 +7,10 @@ model, prompts and token budget, through llama.cpp's own binaries (built once by
         [--threads T] [--draft-threads T] [--precision f32|f16|q8_0|q4_0|as-is[,...]]
         [--draft-precision ...] [--repeats R] [--decode-bench] [--ours BUNDLE] --json OUT.json
 
+spec-bench --peers runs one request at a time through request_plain / request_spec, interleaved with ours
+and the other peers (bench/interleave.py); the command above measures llama.cpp alone, or against ours
+target-only with --ours.
+
 Figures (all at batch 1, on `--threads` threads for the target):
 - plain_tps / spec_tps: end to end per request as spec-bench measures ours -- new tokens of all prompts
   over their seconds, prefill included -- by llama.cpp's own timers (llama-completion's "total time":
@@ -99,6 +103,46 @@ def parse_precisions(text: str) -> list[str]:
     return out
 
 
+def run_parsed(argv: list, what: str, parse, *, lost: dict | None = None) -> tuple[str, dict]:
+    """Run and parse; a run that exits 0 without its timings lost its last log lines (llama.cpp logs from a
+    thread that the process's exit can cut off: rare) and is run again, at most twice; `lost` counts those
+    reruns under "log_lost_reruns"."""
+    for attempt in range(3):
+        out, err = check(argv, what)
+        try:
+            return out, parse(err)
+        except PeerError:
+            if attempt == 2:
+                raise
+            if lost is not None:
+                lost["log_lost_reruns"] = lost.get("log_lost_reruns", 0) + 1
+    raise AssertionError("unreachable")
+
+
+def request_plain(bin_dir: Path, gguf: Path, prompt: str, *, n: int, threads: int, mode: str, temperature: float,
+                  seed: int, ctx: int | None = None, lost: dict | None = None) -> dict:
+    """One llama-completion request: new_tokens, seconds (its own clocks), text, and the phases apart."""
+    out, r = run_parsed(completion_argv(bin_dir, gguf, prompt, n=n, threads=threads, mode=mode,
+                                        temperature=temperature, seed=seed, ctx=ctx),
+                        "llama-completion", parse_completion, lost=lost)
+    perf = r["perf"]
+    r.update(text=out, decode=(perf["eval_runs"], perf["eval_ms"] / 1e3),
+             prefill=(perf["prompt_eval_tokens"], perf["prompt_eval_ms"] / 1e3))
+    return r
+
+
+def request_spec(bin_dir: Path, target: Path, draft: Path, *, prompt: str, n: int, k: int, threads: int,
+                 draft_threads: int, mode: str, temperature: float, seed: int, ctx: int | None = None,
+                 lost: dict | None = None) -> dict:
+    """One llama-speculative-simple request: new_tokens, seconds (encode + decode), text, n_drafted, n_accept."""
+    out, r = run_parsed(speculative_argv(bin_dir, target, draft, prompt, n=n, k=k, threads=threads,
+                                         draft_threads=draft_threads, mode=mode, temperature=temperature,
+                                         seed=seed, ctx=ctx),
+                        "llama-speculative-simple", parse_speculative, lost=lost)
+    r["text"] = generated_text(out, prompt)
+    return r
+
+
 def measure(args, bin_dir: Path, targets: dict[str, Path], draft: Path | None, prompts: list[str], res: dict,
             ours=None) -> None:
     """A B A B over prompts and repeats: llama.cpp plain (the first target; then one variant "plain@P" for
@@ -106,37 +150,14 @@ def measure(args, bin_dir: Path, targets: dict[str, Path], draft: Path | None, p
     variants: list[tuple[str, object]] = []
     target = next(iter(targets.values()))
     res["log_lost_reruns"] = 0
-
-    def parsed(argv, what, parse):
-        """Run and parse; a run that exits 0 without its timings lost its last log lines (llama.cpp logs
-        from a thread that the process's exit can cut off: rare) and is run again, at most twice."""
-        for attempt in range(3):
-            out, err = check(argv, what)
-            try:
-                return out, parse(err)
-            except PeerError:
-                if attempt == 2:
-                    raise
-                res["log_lost_reruns"] += 1
+    common = dict(threads=args.threads, mode=args.mode, temperature=args.temperature, ctx=args.ctx, lost=res)
 
     def plain_of(gguf: Path):
-        def plain(i, seed):
-            out, r = parsed(completion_argv(bin_dir, gguf, prompts[i], n=args.max_new_tokens, threads=args.threads,
-                                            mode=args.mode, temperature=args.temperature, seed=seed, ctx=args.ctx),
-                            "llama-completion", parse_completion)
-            perf = r["perf"]
-            r.update(text=out, decode=(perf["eval_runs"], perf["eval_ms"] / 1e3),
-                     prefill=(perf["prompt_eval_tokens"], perf["prompt_eval_ms"] / 1e3))
-            return r
-        return plain
+        return lambda i, seed: request_plain(bin_dir, gguf, prompts[i], n=args.max_new_tokens, seed=seed, **common)
 
     def spec(i, seed):
-        out, r = parsed(speculative_argv(bin_dir, target, draft, prompts[i], n=args.max_new_tokens, k=args.k,
-                                         threads=args.threads, draft_threads=args.draft_threads, mode=args.mode,
-                                         temperature=args.temperature, seed=seed, ctx=args.ctx),
-                        "llama-speculative-simple", parse_speculative)
-        r["text"] = generated_text(out, prompts[i])
-        return r
+        return request_spec(bin_dir, target, draft, prompt=prompts[i], n=args.max_new_tokens, k=args.k,
+                            draft_threads=args.draft_threads, seed=seed, **common)
 
     def run_ours(i, seed):
         t0 = time.perf_counter()

@@ -3,6 +3,8 @@
 Hygiene: a warm-up per variant, then repeats in which every prompt runs target-only and each K
 back to back (A B A B: the machine's drift hits all variants alike); medians over repeats, with
 min and max as the noise. Times are end to end per request (prefill included), as the peers'.
+With --peers, ours runs a second time, target-only and at the best K, interleaved with the peers
+(bench/interleave.py): the cross-system ratios come from that, never from this sweep.
 """
 from __future__ import annotations
 

@@ -1,17 +1,25 @@
-"""Peer systems for spec-bench: HF transformers (plain vs assisted generate) and onnxruntime-genai (plain vs
-speculative), run on the same HF pair, prompts and token budget as specedge.
+"""Peer systems for spec-bench as long-lived workers: HF transformers (plain and assisted generate) and
+onnxruntime-genai (plain and speculative) on the same HF pair as specedge. A worker loads its models once,
+then times one request at a time, so spec-bench can interleave it per prompt with ours and the other peers
+(bench/interleave.py).
 
-    python -m specedge.bench.peers --system ortgenai|hf --target HF_DIR --draft HF_DIR --prompts P.jsonl
-        [--n-prompts N] --max-new-tokens N --mode greedy|sampled [--temperature 0.8] --k K --threads T
-        [--draft-threads T] [--draft-precision fp32|fp16|int8|int4] --cache DIR --json OUT.json [--repeats R]
+    python -m specedge.bench.peers --system ortgenai|hf --target HF_DIR --draft HF_DIR --warmup-prompt TEXT
+        --max-new-tokens N [--threads T] [--draft-threads T] [--draft-precision fp32|fp16|int8|int4]
+        [--cache DIR] [--ortgenai-spec auto|draft_model|ngram]
 
-The benchmark starts one subprocess per peer so that its own process never imports torch or
-onnxruntime-genai, and so a peer that crashes natively cannot take it down. Whatever fails, OUT.json is
-written with the failing figures null and a one-line "error", and the exit status is 0.
+The protocol is one JSON object per line. First the worker writes its hello:
+    {"ready": true|false, "error", "spec_error", "versions", "ortgenai_spec_mode", "setup_s"}
+(ready false: the target could not run, and the worker exits; spec_error: only its speculative mode
+cannot run). Then it answers each line of stdin with one line:
+    {"op": "generate", "variant": "plain"|"spec", "prompt": TEXT, "mode": "greedy"|"sampled",
+     "temperature": 0.8, "k": K, "seed": S, "max_new_tokens": N}
+        -> {"new_tokens", "seconds", "tokens", "prompt_tokens", "stats"}
+    {"op": "memory"} -> {"peak_mb", "held_mb", "target_only_held_mb"}: MiB above its floor once its
+        libraries are imported, as bench/memory.py measures ours
+A request that failed is answered {"error": "one line"}; end of stdin ends the worker.
 
-tokens/s of a repeat = new tokens of all prompts / their seconds (prefill included, as generate() does it);
-the reported figure is the median over repeats, with min and max. "new_tokens" is the fewest new tokens any
-timed generation produced (== --max-new-tokens when forcing the length worked), "new_tokens_max" the most.
+"seconds" is the generate call alone, timed in the worker: prefill included, tokenizing and the pipe
+excluded. Every run makes exactly max_new_tokens (EOS is masked), with the request's seed.
 """
 from __future__ import annotations
 
@@ -19,22 +27,18 @@ import argparse
 import json
 import os
 import shutil
-import statistics
-import subprocess
 import sys
 import time
 import traceback
 from pathlib import Path
 
-from specedge.runtime.files import tree_hash, write_atomic
-from specedge.runtime.manifest import read_prompts
+from specedge.runtime.files import tree_hash
 
 from .memory import held_mb, rss_mb
 
 # What a peer raises when its library, model or config is not up to the job (onnxruntime-genai raises
 # RuntimeError, transformers ValueError/OSError/TypeError, an older library AttributeError).
-PEER_ERRORS = (OSError, RuntimeError, ValueError, KeyError, TypeError, AttributeError, ImportError,
-               subprocess.SubprocessError)
+PEER_ERRORS = (OSError, RuntimeError, ValueError, KeyError, TypeError, AttributeError, ImportError)
 NGRAM_SIZE = 3          # onnxruntime-genai's docs suggest 3-4 to start; only used when the draft model can't run
 PRECISION = "fp32"      # the target's: the same arithmetic as specedge's fp32 graphs (the draft's: --draft-precision)
 # Counters of Generator.get_speculative_stats() that add up over generations (the rest are per-generator state).
@@ -59,117 +63,107 @@ def hf_folder(path: Path) -> Path:
     return path
 
 
-def measure(res: dict, n_prompts: int, repeats: int, plain, spec) -> None:
-    """A B A B: for each repeat and prompt, plain then speculative, so drift on a shared machine hits both
-    alike. plain/spec(i, seed) -> new token ids; spec may be None (then only plain is measured)."""
-    tps: dict[str, list[float]] = {"plain": [], "spec": []}
-    first: dict[str, list] = {"plain": [], "spec": []}
-    counts = []
-    variants = [("plain", plain)] + ([("spec", spec)] if spec is not None else [])
-    for r in range(repeats):
-        acc = {name: [0, 0.0] for name, _ in variants}
-        for i in range(n_prompts):
-            seed = 1000 * r + i + 1     # the same seed for both variants; never -1 (genai: "random")
-            for name, fn in variants:
-                t0 = time.perf_counter()
-                toks = fn(i, seed)
-                dt = time.perf_counter() - t0
-                acc[name][0] += len(toks)
-                acc[name][1] += dt
-                counts.append(len(toks))
-                if r == 0:
-                    first[name].append(toks)
-        for name, (n, secs) in acc.items():
-            tps[name].append(n / secs)
-    for name, _ in variants:
-        v = tps[name]
-        res.update({f"{name}_tps": statistics.median(v), f"{name}_tps_min": min(v), f"{name}_tps_max": max(v),
-                    f"{name}_tps_runs": v})
-    res["new_tokens"], res["new_tokens_max"] = min(counts), max(counts)
-    if res["mode"] == "greedy" and spec is not None:
-        # fp32 on CPU: a correct speculative decoder reproduces plain greedy exactly
-        res["greedy_identical"] = first["plain"] == first["spec"]
+class Peer:
+    """What both workers share: the memory floor, cached tokenization, the warm-ups at load."""
+
+    def __init__(self, args) -> None:
+        self.args = args
+        self.info: dict = {"spec_error": None}
+        self.floor = {"peak": rss_mb(), "held": held_mb()}     # once its libraries are imported
+        self._ids: dict[str, object] = {}
+
+    def warm_up(self) -> None:
+        """One request per variant (first-call allocations, lazy inits); the target alone's memory first."""
+        kw = dict(mode="greedy", temperature=0.0, k=1, seed=1, max_new_tokens=self.args.max_new_tokens)
+        self.generate("plain", self.args.warmup_prompt, **kw)
+        self.floor["plain_held"] = held_mb()        # the target alone, as our target-only process
+        try:                                         # a draft that cannot run still leaves the plain figures
+            self.load_spec(kw)
+        except PEER_ERRORS as e:
+            self.info["spec_error"] = self.info["spec_error"] or one_line(e)
+            self.drop_spec()
+
+    def memory(self) -> dict:
+        f = self.floor
+        above = lambda v: None if v is None or f["held"] is None else v - f["held"]
+        return {"peak_mb": rss_mb() - (f["held"] if f["held"] is not None else f["peak"]),
+                "held_mb": above(held_mb()), "target_only_held_mb": above(f.get("plain_held"))}
+
+    def spec_unavailable(self) -> RuntimeError:
+        return RuntimeError(f"{self.args.system}'s speculative mode did not load: {self.info['spec_error']}")
 
 
 # ---------------------------------------------------------------------------------------------------------
 # HF transformers
 
-def run_hf(args, prompts: list[str], res: dict) -> None:
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    import torch
-    import transformers as tf
-    tf.utils.logging.set_verbosity_error()      # keep stderr for real errors: the benchmark shows its tail
-    tf.utils.logging.disable_progress_bar()
-    torch.set_num_threads(args.threads)
-    res["versions"] = {"torch": torch.__version__, "transformers": tf.__version__}
-    res["memory_floor"] = {"peak": rss_mb(), "held": held_mb()}       # once its libraries are imported
-    t0 = time.perf_counter()
-    tok = tf.AutoTokenizer.from_pretrained(hf_folder(args.target), local_files_only=True)
+class HFPeer(Peer):
+    def __init__(self, args) -> None:
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        import torch
+        import transformers as tf
+        tf.utils.logging.set_verbosity_error()      # keep stderr for real errors: the benchmark shows its tail
+        tf.utils.logging.disable_progress_bar()
+        torch.set_num_threads(args.threads)
+        super().__init__(args)
+        self.torch, self.tf = torch, tf
+        self.info["versions"] = {"torch": torch.__version__, "transformers": tf.__version__}
+        self.tok = tf.AutoTokenizer.from_pretrained(hf_folder(args.target), local_files_only=True)
+        self.target = self._load(args.target)
+        self.calls = {"target": 0, "draft": 0}
+        self.target.register_forward_hook(lambda *_: self._count("target"))
+        pad = self.target.generation_config.pad_token_id
+        self.pad = pad if pad is not None else (self.tok.eos_token_id if self.tok.eos_token_id is not None else 0)
+        self.draft = None
+        self.warm_up()
 
-    def load(path):
-        return tf.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, local_files_only=True).eval()
+    def _count(self, model: str) -> None:
+        self.calls[model] += 1
 
-    target = load(args.target)
-    calls = {"target": 0, "draft": 0}
-    target.register_forward_hook(lambda *_: calls.__setitem__("target", calls["target"] + 1))
-    ids = [tok(p, return_tensors="pt").input_ids for p in prompts]
-    res["prompt_tokens"] = [int(x.shape[1]) for x in ids]
-    res["setup_s"] = time.perf_counter() - t0
+    def _load(self, path: Path):
+        return self.tf.AutoModelForCausalLM.from_pretrained(path, dtype=self.torch.float32,
+                                                            local_files_only=True).eval()
 
-    pad = target.generation_config.pad_token_id
-    pad = pad if pad is not None else (tok.eos_token_id if tok.eos_token_id is not None else 0)
-    # min_new_tokens masks EOS until the budget is reached, so every run makes the same number of tokens
-    kw = dict(max_new_tokens=args.max_new_tokens, min_new_tokens=args.max_new_tokens, pad_token_id=pad)
-    if args.mode == "sampled":
-        kw.update(do_sample=True, temperature=args.temperature, top_k=0, top_p=1.0)
-    else:
-        kw.update(do_sample=False)
-    totals = {"plain": {"target": 0, "draft": 0, "tokens": 0, "runs": 0},
-              "spec": {"target": 0, "draft": 0, "tokens": 0, "runs": 0}}
-
-    def variant(name, assistant):
-        def run(i, seed):
-            torch.manual_seed(seed)
-            before = dict(calls)
-            with torch.inference_mode():
-                out = target.generate(ids[i], attention_mask=torch.ones_like(ids[i]), assistant_model=assistant,
-                                      **kw)
-            new = out[0, ids[i].shape[1]:].tolist()
-            t = totals[name]
-            t["target"] += calls["target"] - before["target"]
-            t["draft"] += calls["draft"] - before["draft"]
-            t["tokens"] += len(new)
-            t["runs"] += 1
-            return new
-        return run
-
-    plain = variant("plain", None)
-    plain(0, 0)                                   # warm-ups: first-call allocations and lazy inits
-    res["memory_floor"]["plain_held"] = held_mb()    # the target alone, as our target-only process
-    try:                                          # a draft that cannot run still leaves the plain figures
-        draft = load(hf_folder(args.draft))
+    def load_spec(self, warm: dict) -> None:
+        draft = self._load(hf_folder(self.args.draft))
         # AssistedCandidateGenerator reads these from the assistant's own generation_config, not from
         # generate()'s kwargs; threshold 0 turns off the early stop on low draft confidence: K every round.
         dgc = draft.generation_config
-        dgc.num_assistant_tokens, dgc.num_assistant_tokens_schedule = args.k, "constant"
-        dgc.assistant_confidence_threshold = 0.0
-        draft.register_forward_hook(lambda *_: calls.__setitem__("draft", calls["draft"] + 1))
-        spec = variant("spec", draft)
-        spec(0, 0)
-    except PEER_ERRORS as e:
-        res["error"] = f"assisted: {one_line(e)}"
-        spec = None
-    for t in totals.values():
-        t.update(target=0, draft=0, tokens=0, runs=0)
-    log(f"hf {args.mode}: {len(prompts)} prompts x {args.repeats} repeats, K={args.k}")
-    measure(res, len(prompts), args.repeats, plain, spec)
-    s = totals["spec"]
-    if s["runs"]:
+        dgc.num_assistant_tokens_schedule, dgc.assistant_confidence_threshold = "constant", 0.0
+        draft.register_forward_hook(lambda *_: self._count("draft"))
+        self.draft = draft
+        self.generate("spec", self.args.warmup_prompt, **warm)
+
+    def drop_spec(self) -> None:
+        self.draft = None
+
+    def generate(self, variant: str, prompt: str, *, mode: str, temperature: float, k: int, seed: int,
+                 max_new_tokens: int) -> dict:
+        if variant == "spec" and self.draft is None:
+            raise self.spec_unavailable()
+        torch = self.torch
+        ids = self._ids.get(prompt)
+        if ids is None:
+            ids = self._ids[prompt] = self.tok(prompt, return_tensors="pt").input_ids
+        # min_new_tokens masks EOS until the budget is reached, so every run makes the same number of tokens
+        kw = dict(max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens, pad_token_id=self.pad)
+        if mode == "sampled":
+            kw.update(do_sample=True, temperature=temperature, top_k=0, top_p=1.0)
+        else:
+            kw.update(do_sample=False)
+        if variant == "spec":
+            self.draft.generation_config.num_assistant_tokens = k
+        torch.manual_seed(seed)
+        mask, before = torch.ones_like(ids), dict(self.calls)
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            out = self.target.generate(ids, attention_mask=mask, assistant_model=self.draft if variant == "spec"
+                                       else None, **kw)
+        dt = time.perf_counter() - t0
+        new = out[0, ids.shape[1]:].tolist()
         # target calls include the prefill; HF reports no acceptance counters, these are what it can show
-        res["spec_stats"] = {"target_forward_calls": s["target"], "draft_forward_calls": s["draft"],
-                             "new_tokens": s["tokens"], "generations": s["runs"],
-                             "tokens_per_target_call": s["tokens"] / max(1, s["target"]),
-                             "plain_target_forward_calls": totals["plain"]["target"]}
+        stats = {m: self.calls[m] - before[m] for m in self.calls}
+        return {"new_tokens": len(new), "seconds": dt, "tokens": new, "prompt_tokens": int(ids.shape[1]),
+                "stats": stats}
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -251,6 +245,7 @@ def load_genai(og, folder: Path, threads: dict[str, int]):
 
 
 def sum_stats(runs: list[dict]) -> dict:
+    """onnxruntime-genai's speculative counters summed over generations, with the rates they give."""
     out: dict = {"generations": len(runs)}
     for key in GENAI_COUNTERS:
         if any(key in s for s in runs):
@@ -264,139 +259,149 @@ def sum_stats(runs: list[dict]) -> dict:
     return out
 
 
-def run_ortgenai(args, prompts: list[str], res: dict) -> None:
-    import numpy as np
-    import onnxruntime_genai as og
-    res["versions"] = {"onnxruntime_genai": og.__version__}
-    res["memory_floor"] = {"peak": rss_mb(), "held": held_mb()}       # once its libraries are imported
-    cache = Path(args.cache).expanduser()
-    cache.mkdir(parents=True, exist_ok=True)
-    t0 = time.perf_counter()
-    tdir, tkey = build(hf_folder(args.target), cache)
-    plain_model = load_genai(og, tdir, {"decoder": args.threads})
-    tok = og.Tokenizer(plain_model)
-    ids = [np.asarray(tok.encode(p), dtype=np.int32) for p in prompts]
-    res["prompt_tokens"] = [int(x.shape[0]) for x in ids]
-    if args.mode == "sampled":
+class GenaiPeer(Peer):
+    def __init__(self, args) -> None:
+        import onnxruntime_genai as og
+        super().__init__(args)
+        self.og = og
+        self.info["versions"] = {"onnxruntime_genai": og.__version__}
+        self.cache = Path(args.cache).expanduser()
+        self.cache.mkdir(parents=True, exist_ok=True)
+        self.tdir, self.tkey = build(hf_folder(args.target), self.cache)
+        self.plain_model = load_genai(og, self.tdir, {"decoder": args.threads})
+        self.tok = og.Tokenizer(self.plain_model)
+        self.spec_model, self.spec_opts = None, None
+        self.info["ortgenai_spec_mode"] = None
+        self.warm_up()
+
+    def load_spec(self, warm: dict) -> None:
+        """The draft-model mode; in auto, n-gram lookup on the plain model when that cannot run (the
+        warm-up request is the proof that a mode runs)."""
+        def draft_model():
+            ddir, dkey = build(hf_folder(self.args.draft), self.cache, self.args.draft_precision)
+            return load_genai(self.og, composite(self.tdir, self.tkey, ddir, dkey, self.cache),
+                              {"decoder": self.args.threads, "draft": self.args.draft_threads}), {}
+        modes = {"draft_model": draft_model, "ngram": lambda: (self.plain_model, {"ngram_size": NGRAM_SIZE})}
+        errors = []
+        for name, make in modes.items():
+            if self.args.ortgenai_spec not in ("auto", name):
+                continue
+            try:
+                self.spec_model, self.spec_opts = make()
+                self.generate("spec", self.args.warmup_prompt, **warm)
+                self.info["ortgenai_spec_mode"] = name
+                return
+            except PEER_ERRORS as e:
+                self.spec_model = None
+                self.info[f"ortgenai_{'draft' if name == 'draft_model' else name}_error"] = one_line(e)
+                errors.append(f"{name}: {one_line(e)}")
+                log(f"{name} speculative decoding failed: {one_line(e)}")
+        raise RuntimeError("; ".join(errors))
+
+    def drop_spec(self) -> None:
+        self.spec_model, self.info["ortgenai_spec_mode"] = None, None
+
+    def generate(self, variant: str, prompt: str, *, mode: str, temperature: float, k: int, seed: int,
+                 max_new_tokens: int) -> dict:
+        import numpy as np
+        og = self.og
+        if variant == "spec" and self.spec_model is None:
+            raise self.spec_unavailable()
+        ids = self._ids.get(prompt)
+        if ids is None:
+            ids = self._ids[prompt] = np.asarray(self.tok.encode(prompt), dtype=np.int32)
         # top_k 0 is "no top-k" in genai (checked: same draws as top_k = vocab); the builder's default is 50
-        sampling = dict(do_sample=True, temperature=args.temperature, top_k=0, top_p=1.0)
-    else:
-        sampling = dict(do_sample=False)
-    spec_runs: list[dict] = []
+        sampling = (dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if mode == "sampled"
+                    else dict(do_sample=False))
+        model = self.spec_model if variant == "spec" else self.plain_model
+        n = len(ids) + max_new_tokens
+        t0 = time.perf_counter()
+        params = og.GeneratorParams(model)
+        # min_length == max_length: EOS can't end a run early. random_seed always: genai's default -1 seeds
+        # each Generator slowly, greedy or not, which would swamp short runs of a small model
+        params.set_search_options(max_length=n, min_length=n, random_seed=seed, **sampling)
+        if variant == "spec":
+            params.set_speculative_options(**self.spec_opts, max_draft_tokens=k)
+        gen = og.Generator(model, params)
+        gen.append_tokens(ids[None, :])
+        while not gen.is_done():
+            gen.generate_next_token()
+        new = [int(t) for t in gen.get_sequence(0)[len(ids):]]
+        dt = time.perf_counter() - t0
+        stats = dict(gen.get_speculative_stats()) if variant == "spec" else {}
+        return {"new_tokens": len(new), "seconds": dt, "tokens": new, "prompt_tokens": int(len(ids)),
+                "stats": stats}
 
-    def variant(model, spec_opts):
-        def run(i, seed):
-            n = len(ids[i]) + args.max_new_tokens
-            params = og.GeneratorParams(model)
-            # min_length == max_length: EOS can't end a run early, so every run makes the same tokens
-            # random_seed always: genai's default -1 seeds each Generator slowly, greedy or not, which
-            # would swamp short runs of a small model (docs/benchmarks.md)
-            opts = dict(max_length=n, min_length=n, random_seed=seed, **sampling)
-            params.set_search_options(**opts)
-            if spec_opts:
-                params.set_speculative_options(**spec_opts)
-            gen = og.Generator(model, params)
-            gen.append_tokens(ids[i][None, :])
-            while not gen.is_done():
-                gen.generate_next_token()
-            new = [int(t) for t in gen.get_sequence(0)[len(ids[i]):]]
-            if spec_opts:
-                spec_runs.append(gen.get_speculative_stats())
-            return new
-        return run
 
-    plain = variant(plain_model, None)
-    plain(0, 0)                                  # warm-up
-    res["memory_floor"]["plain_held"] = held_mb()    # the target alone, as our target-only process
-    spec = None
-    if args.ortgenai_spec in ("auto", "draft_model"):
-        try:
-            ddir, dkey = build(hf_folder(args.draft), cache, args.draft_precision)
-            spec_model = load_genai(og, composite(tdir, tkey, ddir, dkey, cache),
-                                    {"decoder": args.threads, "draft": args.draft_threads})
-            spec = variant(spec_model, {"max_draft_tokens": args.k})
-            spec(0, 0)                           # warm-up, and the proof that this mode runs
-            res["ortgenai_spec_mode"] = "draft_model"
-        except PEER_ERRORS as e:
-            spec = None
-            res["ortgenai_draft_error"] = one_line(e)
-            log(f"draft-model speculative decoding failed: {one_line(e)}")
-    if spec is None and args.ortgenai_spec in ("auto", "ngram"):
-        try:
-            spec = variant(plain_model, {"ngram_size": NGRAM_SIZE, "max_draft_tokens": args.k})
-            spec(0, 0)
-            res["ortgenai_spec_mode"] = "ngram"
-        except PEER_ERRORS as e:
-            spec = None
-            res["ortgenai_ngram_error"] = one_line(e)
-    if spec is None:
-        res["error"] = "; ".join(f"{m}: {res[k]}" for m, k in (("draft_model", "ortgenai_draft_error"),
-                                                                ("ngram", "ortgenai_ngram_error")) if k in res)
-    res["setup_s"] = time.perf_counter() - t0
-    spec_runs.clear()
-    log(f"ortgenai {args.mode} ({res['ortgenai_spec_mode']}): {len(prompts)} prompts x {args.repeats} repeats, "
-        f"K={args.k}")
-    measure(res, len(prompts), args.repeats, plain, spec)
-    if spec is not None:
-        res["spec_stats"] = sum_stats(spec_runs)
+PEERS = {"hf": HFPeer, "ortgenai": GenaiPeer}
 
 
 # ---------------------------------------------------------------------------------------------------------
+# the worker
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="specedge.bench.peers", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--system", choices=("ortgenai", "hf"), required=True)
+    ap.add_argument("--system", choices=tuple(PEERS), required=True)
     ap.add_argument("--target", type=Path, required=True, help="target HF folder")
     ap.add_argument("--draft", type=Path, required=True, help="draft HF folder (same tokenizer)")
-    ap.add_argument("--prompts", type=Path, required=True, help="JSONL with a 'prompt' per line")
-    ap.add_argument("--n-prompts", type=int, default=None, help="use the first N prompts (default: all)")
-    ap.add_argument("--max-new-tokens", type=int, required=True)
-    ap.add_argument("--mode", choices=("greedy", "sampled"), required=True)
-    ap.add_argument("--temperature", type=float, default=0.8, help="sampled mode only")
-    ap.add_argument("--k", type=int, required=True, help="draft tokens per round (fixed)")
+    ap.add_argument("--warmup-prompt", required=True, help="the prompt of the warm-up requests at load")
+    ap.add_argument("--max-new-tokens", type=int, required=True, help="the warm-up requests' budget")
     ap.add_argument("--threads", type=int, default=1, help="intra-op threads (onnxruntime-genai: the target's)")
     ap.add_argument("--draft-threads", type=int, default=1, help="onnxruntime-genai's draft's intra-op threads")
     ap.add_argument("--draft-precision", choices=("fp32", "fp16", "int8", "int4"), default=PRECISION,
                     help="onnxruntime-genai's draft weights (as the bundle's draft)")
     ap.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "specedge" / "peers",
                     help="where onnxruntime-genai builds are kept, keyed by the HF folder's content")
-    ap.add_argument("--json", type=Path, required=True)
-    ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--ortgenai-spec", choices=("auto", "draft_model", "ngram"), default="auto",
                     help="auto: draft model, falling back to n-gram lookup if it cannot run")
     return ap
 
 
+def answer(peer: Peer, req: dict) -> dict:
+    if req.get("op") == "memory":
+        return peer.memory()
+    if req.get("op") == "generate":
+        return peer.generate(req["variant"], req["prompt"], mode=req["mode"], temperature=req.get("temperature", 0.8),
+                             k=int(req["k"]), seed=int(req["seed"]), max_new_tokens=int(req["max_new_tokens"]))
+    raise ValueError(f"unknown op {req.get('op')!r}")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    res: dict = {"system": args.system, "mode": args.mode, "k": args.k, "threads": args.threads,
-                 "draft_threads": args.draft_threads, "draft_precision": args.draft_precision,
-                 "temperature": args.temperature if args.mode == "sampled" else 0.0,
-                 "max_new_tokens": args.max_new_tokens, "repeats": args.repeats, "n_prompts": None,
-                 "plain_tps": None, "spec_tps": None, "plain_tps_min": None, "plain_tps_max": None,
-                 "spec_tps_min": None, "spec_tps_max": None, "new_tokens": None, "spec_stats": {},
-                 "ortgenai_spec_mode": None, "error": None}
+    # the protocol owns the real stdout; fd 1 then points at stderr, so nothing a library prints (from
+    # Python or native code) can break a line of it
+    proto = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+
+    def send(obj: dict) -> None:
+        proto.write(json.dumps(obj, default=str) + "\n")
+        proto.flush()
+
+    hello: dict = {"ready": False, "system": args.system, "error": None, "spec_error": None}
+    t0 = time.perf_counter()
     try:
-        if min(args.repeats, args.k, args.max_new_tokens, args.threads, args.draft_threads) < 1:
-            raise ValueError("--repeats, --k, --max-new-tokens, --threads and --draft-threads must be >= 1")
-        prompts = read_prompts(args.prompts)[:args.n_prompts or None]
-        res["n_prompts"] = len(prompts)
-        (run_hf if args.system == "hf" else run_ortgenai)(args, prompts, res)
+        if min(args.max_new_tokens, args.threads, args.draft_threads) < 1:
+            raise ValueError("--max-new-tokens, --threads and --draft-threads must be >= 1")
+        peer = PEERS[args.system](args)
+        hello.update(peer.info, ready=True, setup_s=time.perf_counter() - t0)
     except PEER_ERRORS as e:
-        res["error"] = one_line(e)
-    except Exception as e:  # noqa: BLE001 -- last resort: the benchmark must get its JSON whatever breaks
+        hello["error"] = one_line(e)
+    except Exception as e:  # noqa: BLE001 -- last resort: the benchmark must get its answer whatever breaks
         traceback.print_exc()
-        res["error"] = f"unexpected {one_line(e)}"
-    if res["error"]:
-        log(f"{args.system}: {res['error']}")
-    floor = res.pop("memory_floor", None)
-    if floor:      # as bench/memory.py measures ours: MiB above the floor
-        above = lambda v: None if v is None or floor["held"] is None else v - floor["held"]
-        res["memory"] = {"peak_mb": rss_mb() - (floor["held"] if floor["held"] is not None else floor["peak"]),
-                         "held_mb": above(held_mb()),
-                         "target_only_held_mb": above(floor.get("plain_held"))}
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(args.json, json.dumps(res, indent=1, default=str))
+        hello["error"] = f"unexpected {one_line(e)}"
+    if hello["error"] or hello["spec_error"]:
+        log(f"{args.system}: {hello['error'] or hello['spec_error']}")
+    send(hello)
+    if not hello["ready"]:
+        return 0
+    for line in iter(sys.stdin.readline, ""):
+        try:
+            send(answer(peer, json.loads(line)))
+        except (*PEER_ERRORS, LookupError) as e:
+            send({"error": one_line(e)})
+        except Exception as e:  # noqa: BLE001 -- one bad request must not end the worker's other answers
+            traceback.print_exc()
+            send({"error": f"unexpected {one_line(e)}"})
     return 0
 
 

@@ -153,8 +153,22 @@ def test_build_script_agrees_on_the_cache(empty_cache, capsys):
 def test_spec_bench_peers_without_llamacpp_says_how_to_build(empty_cache, pair_bundles, tmp_path, monkeypatch, capsys):
     from specedge.bench import cli
     calls = []
-    monkeypatch.setattr(cli, "run_peer", lambda system, **kw: calls.append(system) or {"plain_tps": 1.0,
-                                                                                        "spec_tps": 2.0})
+
+    class Standin:      # a peer whose every request makes 4 tokens in 4 s: plumbing, not a measurement
+        variants = ("plain", "spec")
+
+        def __init__(self, system):
+            self.name = system
+            calls.append(system)
+
+        def run(self, variant, i, **kw):
+            return {"new_tokens": 4, "seconds": 4.0, "output": [], "stats": {}}
+
+        start = close = lambda self: None
+        info = lambda self: {}
+        summary = lambda self, stats: {}
+
+    monkeypatch.setattr(cli, "start_peer", lambda system, **kw: Standin(system))
     monkeypatch.setattr(cli.memory, "measure", lambda *a, **k: {"error": "skipped in this test"})
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"prompt": "def f(x):"}\n')
