@@ -5,11 +5,11 @@ model, prompts and token budget, through llama.cpp's own binaries (built once by
     python -m specedge.bench.llamacpp --target T.gguf|HF_DIR [--draft D.gguf|HF_DIR] --prompts P.jsonl
         [--n-prompts N] --max-new-tokens N [--mode greedy|sampled] [--temperature 0.8] [--k K]
         [--threads T] [--draft-threads T] [--precision f32|f16|q8_0|q4_0|as-is[,...]]
-        [--draft-precision ...] [--repeats R] [--decode-bench] [--ours BUNDLE] --json OUT.json
+        [--draft-precision ...] [--repeats R] [--decode-bench] [--ours BUNDLE [--ours-spec]] --json OUT.json
 
 spec-bench --peers runs one request at a time through request_plain / request_spec, interleaved with ours
 and the other peers (bench/interleave.py); the command above measures llama.cpp alone, or against ours
-target-only with --ours.
+target-only with --ours (and ours speculative, at the k from_bundle's start-up check chose, with --ours-spec).
 
 Figures (all at batch 1, on `--threads` threads for the target):
 - plain_tps / spec_tps: end to end per request as spec-bench measures ours -- new tokens of all prompts
@@ -159,15 +159,19 @@ def measure(args, bin_dir: Path, targets: dict[str, Path], draft: Path | None, p
         return request_spec(bin_dir, target, draft, prompt=prompts[i], n=args.max_new_tokens, k=args.k,
                             draft_threads=args.draft_threads, seed=seed, **common)
 
-    def run_ours(i, seed):
-        t0 = time.perf_counter()
-        g = ours.generate(prompts[i], max_new_tokens=args.max_new_tokens, seed=seed, ignore_eos=True,
-                          prefix_cache=False, speculative=False,
-                          temperature=0.0 if args.mode == "greedy" else args.temperature)
-        dt = time.perf_counter() - t0
-        st = g.stats
-        return {"new_tokens": st.new_tokens, "seconds": dt, "text": g.text, "prompt_tokens": st.prompt_tokens,
-                "decode": (st.new_tokens, st.seconds_total), "prefill": (st.prompt_tokens, st.seconds_prefill)}
+    def ours_of(speculative: bool):
+        def run_ours(i, seed):
+            t0 = time.perf_counter()
+            g = ours.generate(prompts[i], max_new_tokens=args.max_new_tokens, seed=seed, ignore_eos=True,
+                              prefix_cache=False, speculative=speculative,
+                              temperature=0.0 if args.mode == "greedy" else args.temperature)
+            dt = time.perf_counter() - t0
+            st = g.stats
+            r = {"new_tokens": st.new_tokens, "seconds": dt, "text": g.text, "prompt_tokens": st.prompt_tokens}
+            if not speculative:
+                r.update(decode=(st.new_tokens, st.seconds_total), prefill=(st.prompt_tokens, st.seconds_prefill))
+            return r
+        return run_ours
 
     names = {}
     for j, (prec, gguf) in enumerate(targets.items()):
@@ -176,7 +180,9 @@ def measure(args, bin_dir: Path, targets: dict[str, Path], draft: Path | None, p
     if draft is not None:
         variants.append(("spec", spec))
     if ours is not None:
-        variants.append(("ours_plain", run_ours))
+        variants.append(("ours_plain", ours_of(False)))
+        if ours.draft is not None:           # --ours-spec, and the start-up check kept the draft: its best k
+            variants.append(("ours_spec", ours_of(True)))
     for name, fn in list(variants):          # warm-ups; a speculative mode that cannot run leaves the rest
         try:
             fn(0, 0)
@@ -252,6 +258,13 @@ def measure(args, bin_dir: Path, targets: dict[str, Path], draft: Path | None, p
             res["greedy_identical_to_ours"] = same_prefix(first["plain"], first["ours_plain"])
         res["ratio_llamacpp_over_ours"] = res["plain_tps"] / res["ours_plain_tps"]
         res["ratio_runs"] = [a / b for a, b in zip(tps["plain"], tps["ours_plain"])]
+    if "ours_spec" in tps:       # ours at its best against llama.cpp target-only, repeat by repeat
+        if args.mode == "greedy":
+            res["ours_spec_greedy_identical_to_ours"] = first["ours_spec"] == first["ours_plain"]
+        res["ours_k"] = ours.default_k
+        runs = [a / b for a, b in zip(tps["ours_spec"], tps["plain"])]
+        res["ratio_ours_spec_over_llamacpp_runs"] = runs
+        res["ratio_ours_spec_over_llamacpp"] = statistics.median(runs)
 
 
 def run(args, res: dict) -> None:
@@ -283,10 +296,12 @@ def run(args, res: dict) -> None:
     if args.ours:
         from specedge.runtime import SpeculativeDecoder
         try:
-            ours = SpeculativeDecoder.from_bundle(args.ours, threads=args.threads, speculative=False)
+            ours = SpeculativeDecoder.from_bundle(args.ours, threads=args.threads,
+                                                  speculative="auto" if args.ours_spec else False)
         except Exception as e:  # noqa: BLE001 -- BundleError, OSError, onnxruntime's: one line in the JSON
             raise PeerError(f"--ours {args.ours}: {one_line(e)}") from e
         res["ours_bundle"] = str(args.ours)
+        res["ours_draft_note"] = ours.draft_note
     if args.check_tokenizer and ours is not None:
         mismatch = sum(tokenize(bin_dir, target, p) != list(ours.tokenizer.encode(p).ids) for p in prompts)
         res["tokenization_mismatches"] = mismatch
@@ -333,6 +348,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--bench-tokens", type=int, default=128)
     ap.add_argument("--bench-repeats", type=int, default=3)
     ap.add_argument("--ours", type=Path, help="a bundle whose target-only decoding runs interleaved")
+    ap.add_argument("--ours-spec", action="store_true",
+                    help="with --ours: its speculative decoding too (its draft, the default k), interleaved")
     ap.add_argument("--check-tokenizer", action="store_true",
                     help="with --ours: count prompts whose llama-tokenize ids differ from the bundle's")
     ap.add_argument("--bin-dir", type=Path, help="llama.cpp's binaries (default: the cached build)")
