@@ -14,15 +14,17 @@ import time
 import numpy as np
 
 from specedge.runtime.costs import leviathan_bound
+from specedge.runtime.proposers.hidden_head import FEATURES_IN
 
 
-def _timed_run(engine, ids_list) -> float:
+def _timed_run(engine, ids_list, features=None) -> float:
     """Mean seconds per call over consecutive calls, as the loop makes them (a draft runs k times in
-    a row, so its weights stay in cache); the cache is rolled back afterwards."""
+    a row, so its weights stay in cache); the cache is rolled back afterwards. `features(n)`: the
+    hidden states a hidden-state head reads beside n tokens."""
     n = engine.length
     t0 = time.perf_counter()
     for ids in ids_list:
-        engine.run(ids)
+        engine.run(ids, inputs=features and {FEATURES_IN: features(len(ids))})
     dt = (time.perf_counter() - t0) / len(ids_list)
     engine.truncate(n)
     return dt
@@ -34,13 +36,17 @@ def step_costs(dec, *, past: int, ks, reps: int = 30, run: int = 4) -> dict:
     `past` random tokens (a request starts by resetting them)."""
     rng = np.random.default_rng(0)
     ctx = rng.integers(0, dec.vocab_size, size=past)
-    for e in (dec.target, dec.draft):
+    features = None
+    if dec.draft_kind == "eagle":     # a head reads the target's hidden states: random ones of its width
+        width = dec.target.hidden_size
+        features = lambda n: rng.standard_normal((1, n, width)).astype(np.float32)
+    for e, f in ((dec.target, None), (dec.draft, features)):
         e.truncate(0)
-        e.run(ctx)
+        e.run(ctx, inputs=f and {FEATURES_IN: f(len(ctx))})
     tokens = lambda n: [rng.integers(0, dec.vocab_size, size=n) for _ in range(run)]
     times = {"draft": [], "target": [], **{k: [] for k in ks}}
     for _ in range(reps):
-        times["draft"].append(_timed_run(dec.draft, tokens(1)))
+        times["draft"].append(_timed_run(dec.draft, tokens(1), features))
         times["target"].append(_timed_run(dec.target, tokens(1)))
         for k in ks:
             times[k].append(_timed_run(dec.target, [rng.integers(0, dec.vocab_size, size=k + 1)]))

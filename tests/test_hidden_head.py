@@ -121,3 +121,17 @@ def test_an_int8_head_keeps_the_output_exact(head_bundle, llama_target, tmp_path
         spec = dec.generate(prompt, max_new_tokens=24, temperature=0.0, ignore_eos=True)
         plain = dec.generate(prompt, max_new_tokens=24, temperature=0.0, ignore_eos=True, speculative=False)
         assert spec.token_ids == plain.token_ids and spec.stats.drafted > 0
+
+
+def test_spec_bench_measures_a_hidden_state_head(head_bundle, tmp_path):
+    """spec-bench's step microbenchmark feeds a head the hidden states it reads (random ones of the
+    target's width), so c is measured for a hidden-state pair as for a draft model."""
+    from specedge.bench.cli import main as bench_main
+    bundle, *_ = head_bundle
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
+    out = tmp_path / "b.json"
+    assert bench_main([str(bundle), "--prompts", str(prompts), "--n-prompts", "2", "--max-new-tokens", "12",
+                       "--ks", "2", "--repeats", "1", "--json", str(out)]) == 0
+    costs = json.loads(out.read_text())["step_costs"]
+    assert 0 < costs["c"] < 10 and costs["draft_step_ms"] > 0 and set(costs["r"]) == {"2"}
