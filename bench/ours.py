@@ -30,6 +30,21 @@ def _timed_run(engine, ids_list, features=None) -> float:
     return dt
 
 
+def call_seconds(engine, past_ids: np.ndarray, n: int, calls: int, rng: np.random.Generator) -> list[float]:
+    """Seconds of each of `calls` n-token calls (random ids) on top of `past_ids`, the cache rolled back
+    after each: what one step (n = 1) or one verify costs at that past (tools/lab's profilers)."""
+    engine.truncate(0)
+    engine.run(past_ids, keep=1)
+    walls = []
+    for _ in range(calls):
+        ids = rng.integers(0, engine.vocab_size, size=n)
+        t0 = time.perf_counter()
+        engine.run(ids, keep=n)
+        walls.append(time.perf_counter() - t0)
+        engine.truncate(len(past_ids))
+    return walls
+
+
 def step_costs(dec, *, past: int, ks, reps: int = 30, run: int = 4) -> dict:
     """c and r(k) for k in ks, measured on the decoder's engines at `past` cached tokens: runs of
     `run` consecutive calls, the runs of each kind interleaved, medians. Leaves both caches holding

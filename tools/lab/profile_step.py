@@ -15,12 +15,12 @@ import argparse  # noqa: E402
 import json  # noqa: E402
 import statistics  # noqa: E402
 import tempfile  # noqa: E402
-import time  # noqa: E402
 from collections import defaultdict  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 
+from specedge.bench.ours import call_seconds  # noqa: E402
 from specedge.engines.ort import OrtEngine, import_onnxruntime  # noqa: E402
 from specedge.runtime.files import write_atomic  # noqa: E402
 from specedge.runtime.manifest import Manifest  # noqa: E402
@@ -31,16 +31,7 @@ def profile(engine: OrtEngine, past: int, n: int, runs: int) -> dict:
     total microseconds per run and node count, and the wall time per run."""
     ort = import_onnxruntime()
     rng = np.random.default_rng(0)
-    prefix = rng.integers(0, engine.vocab_size, size=past)
-    engine.truncate(0)
-    engine.run(prefix, keep=1)
-    walls = []
-    for _ in range(runs):
-        ids = rng.integers(0, engine.vocab_size, size=n)
-        t0 = time.perf_counter()
-        engine.run(ids, keep=n)
-        walls.append(time.perf_counter() - t0)
-        engine.truncate(past)
+    walls = call_seconds(engine, rng.integers(0, engine.vocab_size, size=past), n, runs, rng)
     path = engine.session.end_profiling()
     events = json.loads(Path(path).read_text())
     Path(path).unlink()

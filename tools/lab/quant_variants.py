@@ -25,6 +25,7 @@ from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 
+from specedge.bench.ours import call_seconds  # noqa: E402
 from specedge.engines.ort import OrtEngine, import_onnxruntime  # noqa: E402
 from specedge.export.genai import run_builder  # noqa: E402
 from specedge.runtime.errors import SpecedgeError  # noqa: E402
@@ -58,17 +59,8 @@ def engine_for(graph: Path, cfg: dict, threads: int) -> OrtEngine:
 
 
 def timed(engine: OrtEngine, past_ids: np.ndarray, n: int, calls: int, rng) -> float:
-    """Median seconds of an n-token call on top of past_ids (rolled back after each call)."""
-    engine.truncate(0)
-    engine.run(past_ids, keep=1)
-    walls = []
-    for _ in range(calls):
-        ids = rng.integers(0, engine.vocab_size, size=n)
-        t0 = time.perf_counter()
-        engine.run(ids, keep=n)
-        walls.append(time.perf_counter() - t0)
-        engine.truncate(len(past_ids))
-    return statistics.median(walls)
+    """Median seconds of an n-token call on top of past_ids."""
+    return statistics.median(call_seconds(engine, past_ids, n, calls, rng))
 
 
 def greedy(engine: OrtEngine, prompt: list[int], n: int) -> list[int]:
