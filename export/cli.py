@@ -4,6 +4,7 @@
               [--max-draft-tokens K] [--max-context N] [--prompts FILE] [--overwrite] [--allow-pickle]
   spec-export model DIR|GGUF --out OUT [same options]
   spec-export triton BUNDLE OUT [--name specedge] [--instances 1]   (a Triton model repository)
+  spec-export engine BUNDLE [--overwrite] [--workspace-gb 4]         (TensorRT plans, on the GPU that runs them)
 """
 from __future__ import annotations
 
@@ -67,10 +68,31 @@ def _triton(argv: list[str]) -> int:
     return 0
 
 
+def _engine(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="spec-export engine",
+                                 description="TensorRT plans for a bundle's graphs, built on (and for) this GPU "
+                                             "and TensorRT into BUNDLE/tensorrt/ (needs the trt extra; no torch)")
+    ap.add_argument("bundle", type=Path)
+    ap.add_argument("--overwrite", action="store_true", help="rebuild plans the bundle already has")
+    ap.add_argument("--workspace-gb", type=float, default=4.0, help="TensorRT's workspace memory limit")
+    ap.add_argument("--quiet", action="store_true")
+    args = ap.parse_args(argv)
+    from .tensorrt import build_engines
+    try:
+        out = build_engines(args.bundle, overwrite=args.overwrite, workspace_gb=args.workspace_gb, quiet=args.quiet)
+    except SpecedgeError as e:
+        print(f"spec-export: error: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {out}", file=sys.stderr)
+    return 0
+
+
 def _main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["triton"]:
         return _triton(argv[1:])
+    if argv[:1] == ["engine"]:
+        return _engine(argv[1:])
     single = bool(argv) and argv[0] == "model"
     ap = argparse.ArgumentParser(prog="spec-export model" if single else "spec-export",
                                  description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
