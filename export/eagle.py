@@ -71,19 +71,24 @@ EMBEDDING = "model.embed_tokens.weight"
 def save_head(head: EagleHead, folder, *, tokenizer_json: str, extra: dict | None = None) -> None:
     """A draft folder spec-export reads: config.json (model_type specedge_eagle), weights, tokenizer."""
     import json
+    import os
     from pathlib import Path
 
     from safetensors.torch import save_file
+
+    from specedge.runtime.files import write_atomic
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     # the embedding is the target's own, frozen: export takes it from the target, the folder stays small
     state = {k: v.detach().contiguous().clone() for k, v in head.state_dict().items() if k != EMBEDDING}
-    save_file({k: (v.half() if v.is_floating_point() else v) for k, v in state.items()},
-              str(folder / "model.safetensors"), metadata={"format": "pt"})
+    tmp = folder / "model.safetensors.tmp"        # each file whole or not at all: a folder may be overwritten
+    save_file({k: (v.half() if v.is_floating_point() else v) for k, v in state.items()}, str(tmp),
+              metadata={"format": "pt"})
+    os.replace(tmp, folder / "model.safetensors")
     config = {"model_type": KIND, "architectures": ["EagleHead"], "draft_vocab": int(len(head.vocab_map)),
               "head": head.config.to_dict(), **(extra or {})}
-    (folder / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
-    (folder / "tokenizer.json").write_text(tokenizer_json, encoding="utf-8")
+    write_atomic(folder / "config.json", json.dumps(config, indent=2, sort_keys=True))
+    write_atomic(folder / "tokenizer.json", tokenizer_json)
 
 
 def load_head(folder, *, target=None, dtype=torch.float32) -> EagleHead:

@@ -24,8 +24,10 @@ import numpy as np
 import torch
 
 from specedge.export.eagle_train import batch_tensors, chain_alpha, losses, vocab_subset
+from specedge.runtime.files import write_atomic
 
 HELD_OUT = 19     # shard index % 20
+ORIGIN = "origin.json"   # in --work: the saved head a run started from (--init-from) and its training
 
 
 def shard_paths(data: Path, *, held_out: bool) -> list[Path]:
@@ -94,6 +96,7 @@ def main() -> None:
             from specedge.export.eagle import load_head
             head = load_head(args.init_from, target=args.model)
             head.model.embed_tokens.weight.requires_grad_(False)
+            write_atomic(args.work / ORIGIN, json.dumps(_origin(args.init_from)) + "\n")
         else:
             target = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
             head = EagleHead.from_target(target, torch.from_numpy(subset))
@@ -114,9 +117,13 @@ def main() -> None:
     if args.save_draft:
         from specedge.export.eagle import save_head
         history = [json.loads(x) for x in log.read_text().splitlines()] if log.exists() else []
+        # a run that started from a saved head records that head's own training (`continued_from`)
+        origin = (json.loads((args.work / ORIGIN).read_text()) if (args.work / ORIGIN).is_file()
+                  else _origin(args.init_from) if args.init_from else None)
         save_head(head, args.save_draft, tokenizer_json=(args.model / "tokenizer.json").read_text(encoding="utf-8"),
                   extra={"training": {"steps": step, "batch": args.batch, "lr": args.lr, "unroll": args.unroll,
-                                      "noise": args.noise, "last_eval": history[-1] if history else None}})
+                                      "noise": args.noise, "last_eval": history[-1] if history else None,
+                                      "continued_from": origin}})
         print(f"draft head at step {step} -> {args.save_draft}")
         return
     if args.eval or step >= args.steps:
@@ -160,6 +167,11 @@ def main() -> None:
             if fresh:                 # shards make_data.py wrote meanwhile join the pool
                 seqs += load_sequences(fresh, args.max_len)
                 loaded.update(fresh)
+
+
+def _origin(folder: Path) -> dict:
+    cfg = json.loads((folder / "config.json").read_text())
+    return {"init_from": str(folder), "training": cfg.get("training")}
 
 
 def _config(model: Path):
