@@ -15,7 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from specedge.engines.base import EngineError
-from specedge.runtime.manifest import MANIFEST, Manifest, ModelInfo, io_names, read_prompts
+from specedge.runtime.manifest import MANIFEST, QUANTIZED_WEIGHTS, Manifest, ModelInfo, io_names, read_prompts
 
 from .loader import ExportError, check_source, load_model, read_json_object
 
@@ -195,7 +195,7 @@ def export_one(src: Path, dst: Path, *, role: str, dtype: str, max_context: int 
                      quant_block=block, **dims)
 
 
-QUANTIZED = ("int4", "int8")     # weight-only precisions of the genai builder (MatMulNBits)
+QUANTIZED = QUANTIZED_WEIGHTS
 QUANT_BLOCKS = (16, 32, 64, 128, 256)   # what MatMulNBits takes
 QUANT_BLOCK = 32                 # as llama.cpp's Q8_0 / Q4_0; larger blocks decode faster and agree less with fp32
 

@@ -52,6 +52,18 @@ def profile_shapes(info: ModelInfo, *, max_draft_tokens: int, max_context: int, 
     return shapes
 
 
+def head_features_width(bundle: Path, m: Manifest) -> int | None:
+    """The width of the hidden states a hidden-state draft head reads: the target's hidden size (its
+    config.json, copied into the bundle at export); None without such a head."""
+    if "draft" not in m.models or m.models["draft"].kind != "eagle":
+        return None
+    config = bundle / Path(m.models["target"].file).parent / "config.json"
+    try:
+        return int(json.loads(config.read_text())["hidden_size"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise BundleError(f"{config} does not give the target's hidden_size ({e}); re-export the bundle") from None
+
+
 def gpu_name() -> str:
     """The first GPU's name (nvidia-smi), or "" where there is none."""
     exe = shutil.which("nvidia-smi")
@@ -96,9 +108,7 @@ def build_engines(bundle: str | Path, *, overwrite: bool = False, workspace_gb: 
         raise ExportError("spec-export engine found no NVIDIA GPU (nvidia-smi): build the plans on the machine "
                           "that will run them")
     logger = trt.Logger(trt.Logger.WARNING)
-    hidden = None
-    if "draft" in m.models and m.models["draft"].kind == "eagle":
-        hidden = json.loads((bundle / m.models["draft"].file).parent.joinpath("config.json").read_text())["hidden_size"]
+    hidden = head_features_width(bundle, m)
     record = {"tensorrt_version": trt.__version__, "gpu": gpu, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ",
               time.gmtime()), "plans": {}, "profiles": {}}
     tmp = tempfile.mkdtemp(dir=bundle, prefix=".tensorrt-")

@@ -148,8 +148,8 @@ def check_greedy(dec, prompts: list[list[int]], *, modes: dict[str, dict], new_t
                                    "target_token": base[at] if at < len(base) else None,
                                    "speculative_token": got[at] if at < len(got) else None,
                                    "top2_margin": margin, "near_tie": margin <= tie})
-    return {"passed": greedy_passes(mismatches, ties_pass=ties_pass), "ties_pass": ties_pass, "prompts": len(prompts), "modes": list(modes),
-            "new_tokens": new_tokens,
+    return {"passed": greedy_passes(mismatches, ties_pass=ties_pass), "ties_pass": ties_pass,
+            "prompts": len(prompts), "modes": list(modes), "new_tokens": new_tokens,
             "requests": len(prompts) * len(modes), "mismatches": mismatches,
             "alpha": accepted / evaluated if evaluated else None}
 
@@ -170,8 +170,9 @@ def engine_numerics(engine, ids: list[int], cont: list[int]) -> dict:
     steps = np.stack([np.array(engine.run(np.asarray([t]), keep=1)[0], dtype=np.float64)
                       for t in block])                                               # [k+1, vocab]
     engine.truncate(0)
-    return {"positions": len(block), "verify_vs_steps_max_abs": float(np.abs(verify - steps).max()),
-            "verify_vs_steps_max_rel": float(np.abs(verify - steps).max() / max(np.abs(steps).max(), 1e-12)),
+    moved = float(np.abs(verify - steps).max())
+    return {"positions": len(block), "verify_vs_steps_max_abs": moved,
+            "verify_vs_steps_max_rel": moved / max(float(np.abs(steps).max()), 1e-12),
             "rollback_max_abs": float(np.abs(verify - again).max()),
             "argmax_equal": bool((verify.argmax(1) == steps.argmax(1)).all()
                                  and (again.argmax(1) == verify.argmax(1)).all())}
@@ -336,14 +337,13 @@ def certify(bundle: str | Path, cfg: CheckConfig = CheckConfig(), *, providers: 
     target = m.models["target"]
     # int8/int4 graphs quantize activations per call: how positions are batched moves their logits by more
     # than rounding, so near-ties may flip; bounded by what the export accepted against fp32 PyTorch
-    quantized = target.weights in ("int8", "int4")
-    bound = max((c["max_rel_diff"] for c in target.parity.values()), default=None) if quantized else None
+    bound = max((c["max_rel_diff"] for c in target.parity.values()), default=None) if target.quantized else None
     log(f"numerics: a {ks[-1] + 1}-token call against one-token calls and a rollback")
     checks["numerics"] = check_numerics(dec, greedy_ids[0], k=ks[-1], bound=bound)
     log(f"greedy: {len(greedy_ids)} prompts x {len(modes)} modes ({', '.join(modes)}), {cfg.new_tokens} tokens")
     checks["greedy"] = check_greedy(dec, greedy_ids, modes=modes, new_tokens=cfg.new_tokens,
                                     noise=checks["numerics"]["target"]["verify_vs_steps_max_abs"],
-                                    ties_pass=quantized)
+                                    ties_pass=target.quantized)
     if cfg.samples:
         sampled = [ids[-cfg.prompt_tokens:] for ids in
                    check_prompts(dec, prompts, n=cfg.sampling_prompts, room=4)]

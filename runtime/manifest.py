@@ -41,6 +41,9 @@ def io_names(num_layers: int) -> tuple[list[str], list[str]]:
     return inputs, outputs
 
 
+QUANTIZED_WEIGHTS = ("int4", "int8")     # weight-only precisions of the genai builder (MatMulNBits)
+
+
 @dataclass(frozen=True)
 class ModelInfo:
     file: str                 # relative to the bundle root
@@ -62,6 +65,12 @@ class ModelInfo:
     kind: str = "causal_lm"   # "eagle": a hidden-state draft head, fed the target's hidden_states
     data: str | None = None   # the graph's external weights file, relative to the bundle root
     quant_block: int | None = None   # block size of int8/int4 (MatMulNBits) weights
+
+    @property
+    def quantized(self) -> bool:
+        """int8/int4 weights (MatMulNBits): their activations are quantized per call, so the logits depend
+        on how positions are batched by more than rounding (spec-check allows near-ties to flip)."""
+        return self.weights in QUANTIZED_WEIGHTS
 
     @property
     def kv_in_place(self) -> bool:

@@ -135,3 +135,15 @@ def test_spec_bench_measures_a_hidden_state_head(head_bundle, tmp_path):
                        "--ks", "2", "--repeats", "1", "--json", str(out)]) == 0
     costs = json.loads(out.read_text())["step_costs"]
     assert 0 < costs["c"] < 10 and costs["draft_step_ms"] > 0 and set(costs["r"]) == {"2"}
+
+
+def test_a_tensorrt_profile_for_a_head_reads_the_targets_width(head_bundle):
+    from specedge.export.tensorrt import head_features_width, profile_shapes
+    from specedge.runtime.manifest import Manifest
+    bundle, *_ = head_bundle
+    m = Manifest.load(bundle)
+    width = head_features_width(bundle, m)
+    assert width == json.loads((bundle / "target" / "config.json").read_text())["hidden_size"]
+    shapes = profile_shapes(m.models["draft"], max_draft_tokens=m.max_draft_tokens, max_context=m.max_context,
+                            hidden_size=width)
+    assert shapes["target_hidden_states"][1] == (1, m.max_draft_tokens + 1, width)
