@@ -54,7 +54,10 @@ def import_onnxruntime():
 
 
 def resolve_providers(requested: list[str] | None) -> list[str]:
-    """Map aliases to provider names, keep the available ones (warning on the rest), end with CPU."""
+    """Map aliases to provider names, keep the available ones, end with CPU (which runs any node the
+    others lack). Fallback rule: a requested provider this onnxruntime build lacks is an EngineError,
+    unless the request also lists the CPU (["cuda", "cpu"]: run where you can), where it is dropped with
+    one warning."""
     ort = import_onnxruntime()
     available = set(ort.get_available_providers())
     names = [PROVIDER_ALIASES.get(p.strip().lower(), p.strip()) for p in (requested or ["cpu"])]
@@ -63,14 +66,18 @@ def resolve_providers(requested: list[str] | None) -> list[str]:
     if unknown:
         raise EngineError(f"unknown execution provider {unknown[0]!r}; use {', '.join(PROVIDER_ALIASES)} (or an "
                           f"onnxruntime provider name)")
-    chosen = [n for n in names if n in available]
+    chosen = list(dict.fromkeys(n for n in names if n in available))
     dropped = [n for n in names if n not in available]
-    if dropped:
-        warnings.warn(f"execution providers {dropped} are not available in this onnxruntime build "
-                      f"(available: {sorted(available)}); falling back to {chosen + ['CPUExecutionProvider']}",
-                      stacklevel=3)
+    if dropped and "CPUExecutionProvider" not in names:
+        raise EngineError(f"execution providers {dropped} are not available in this onnxruntime build (available: "
+                          f"{sorted(available)}); install onnxruntime-gpu (pip install 'specedge[gpu]', on a Jetson "
+                          f"NVIDIA's wheel for your JetPack), or list cpu after them (e.g. cuda,cpu) to fall back "
+                          f"to the CPU")
     if "CPUExecutionProvider" not in chosen:
         chosen.append("CPUExecutionProvider")
+    if dropped:
+        warnings.warn(f"execution providers {dropped} are not available in this onnxruntime build "
+                      f"(available: {sorted(available)}); falling back to {chosen}", stacklevel=3)
     return chosen
 
 

@@ -12,16 +12,15 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 import tempfile
 import time
 from pathlib import Path
 
+# check_record is re-exported: the plans' record is one contract, read by the engine, written here
+from specedge.engines.tensorrt import RECORD, TRT_DIR, TRT_EXTRA, check_record, gpu_name  # noqa: F401
 from specedge.runtime.errors import BundleError, ExportError
 from specedge.runtime.manifest import Manifest, ModelInfo
 
-TRT_DIR = "tensorrt"
-RECORD = "record.json"
 PREFILL_CHUNK = 256          # GenerationConfig.prefill_chunk's default: the longest call a prompt makes
 
 
@@ -64,33 +63,12 @@ def head_features_width(bundle: Path, m: Manifest) -> int | None:
         raise BundleError(f"{config} does not give the target's hidden_size ({e}); re-export the bundle") from None
 
 
-def gpu_name() -> str:
-    """The first GPU's name (nvidia-smi), or "" where there is none."""
-    exe = shutil.which("nvidia-smi")
-    if not exe:
-        return ""
-    out = subprocess.run([exe, "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True,
-                         timeout=30)
-    return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else ""
-
-
-def check_record(record: dict, *, tensorrt_version: str, gpu: str) -> None:
-    """Refuse plans built by another TensorRT or on another GPU model: they will not load, or load wrong."""
-    built_v, built_gpu = record.get("tensorrt_version"), record.get("gpu")
-    if built_v != tensorrt_version:
-        raise BundleError(f"the bundle's TensorRT plans were built by TensorRT {built_v}, this is {tensorrt_version}; "
-                          f"rebuild them here with spec-export engine BUNDLE --overwrite")
-    if built_gpu != gpu:
-        raise BundleError(f"the bundle's TensorRT plans were built for {built_gpu!r}, this GPU is {gpu!r}; rebuild "
-                          f"them here with spec-export engine BUNDLE --overwrite")
-
-
 def import_tensorrt():
     try:
         import tensorrt
     except ImportError as e:
-        raise ExportError(f"spec-export engine needs TensorRT and an NVIDIA GPU: pip install 'specedge[trt]' "
-                          f"(or JetPack's tensorrt) on the machine that will run the plans ({e})") from None
+        raise ExportError(f"spec-export engine needs TensorRT and an NVIDIA GPU: {TRT_EXTRA}, on the machine that "
+                          f"will run the plans ({e})") from None
     return tensorrt
 
 

@@ -35,6 +35,7 @@ from pathlib import Path
 import numpy as np
 
 
+from .console import ENGINE_HELP, PROVIDERS_HELP
 from .config import ConfigError, SamplingParams
 from .errors import SpecedgeError
 from .files import write_atomic
@@ -302,7 +303,7 @@ def check_prompts(dec, texts: list[str], *, n: int, room: int) -> list[list[int]
 
 
 def certify(bundle: str | Path, cfg: CheckConfig = CheckConfig(), *, providers: list[str] | None = None,
-            threads: int = 0, prompts: list[str] | None = None, log=print) -> dict:
+            threads: int = 0, prompts: list[str] | None = None, log=print, engine: str = "onnxruntime") -> dict:
     """Run every check on `bundle` and return the certificate (a JSON-ready dict; "passed" is the verdict)."""
     from specedge import runtime
     from specedge.engines.ort import import_onnxruntime
@@ -311,7 +312,7 @@ def certify(bundle: str | Path, cfg: CheckConfig = CheckConfig(), *, providers: 
     bundle = Path(bundle)
     m = Manifest.load(bundle)
     t0 = time.perf_counter()
-    dec = SpeculativeDecoder.from_bundle(bundle, providers=providers, threads=threads, speculative=True)
+    dec = SpeculativeDecoder.from_bundle(bundle, providers=providers, threads=threads, speculative=True, engine=engine)
     ks = sorted(set(cfg.ks or (1, dec.default_k, dec.max_draft_tokens)))
     if ks[-1] > dec.max_draft_tokens:
         raise ConfigError(f"k={ks[-1]} exceeds the bundle's max draft tokens ({dec.max_draft_tokens}); "
@@ -430,7 +431,8 @@ def _main(argv: list[str] | None = None) -> int:
     ap.add_argument("--family-alpha", type=float, default=d.family_alpha,
                     help=f"chance that a correct bundle fails the statistical checks (default {d.family_alpha:g})")
     ap.add_argument("--seed", type=int, default=d.seed)
-    ap.add_argument("--providers", default="cpu", help="comma list: cpu, cuda, tensorrt (default cpu)")
+    ap.add_argument("--providers", default="cpu", help=PROVIDERS_HELP)
+    ap.add_argument("--engine", default="onnxruntime", choices=["onnxruntime", "tensorrt"], help=ENGINE_HELP)
     ap.add_argument("--threads", type=int, default=0, help="the target's intra-op threads (0 = all cores)")
     args = ap.parse_args(argv)
     try:
@@ -445,7 +447,8 @@ def _main(argv: list[str] | None = None) -> int:
         if args.json and not args.json.parent.is_dir():
             raise ConfigError(f"--json: folder {args.json.parent} does not exist; create it first")
         cert = certify(args.bundle, cfg, providers=args.providers.split(","), threads=args.threads,
-                       prompts=prompts, log=lambda msg: print(f"spec-check: {msg}", file=sys.stderr))
+                       prompts=prompts, log=lambda msg: print(f"spec-check: {msg}", file=sys.stderr),
+                       engine=args.engine)
     except (SpecedgeError, ImportError, OSError) as e:
         print(f"spec-check: error: {e}", file=sys.stderr)
         return 2

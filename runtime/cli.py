@@ -10,6 +10,7 @@ import json
 import os
 import sys
 
+from .console import ENGINE_HELP, PROVIDERS_HELP
 from .config import DEFAULT_K, GenerationConfig, SamplingParams, load_toml, model_defaults
 from .errors import ConfigError, SpecedgeError
 from .manifest import Manifest
@@ -58,7 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "ids) or \"messages\" ([{\"role\", \"content\"}, ...]: chat), optional \"id\" (echoed) and any generation setting (max_new_tokens, temperature, "
                          "stop, seed, ...; the flags give their defaults); one JSON result a line on standard "
                          "output, {\"id\", \"error\"} for a bad line")
-    ap.add_argument("--providers", default="cpu", help="comma list: cpu, cuda, tensorrt (default cpu)")
+    ap.add_argument("--providers", default="cpu", help=PROVIDERS_HELP)
+    ap.add_argument("--engine", default="onnxruntime", choices=["onnxruntime", "tensorrt"], help=ENGINE_HELP)
     ap.add_argument("--threads", type=int, default=0, help="the target's ONNX Runtime intra-op threads (0 = all cores)")
     ap.add_argument("--draft-threads", type=int, default=1,
                     help="the draft's intra-op threads (default 1: a draft step is too small to split)")
@@ -185,7 +187,7 @@ def _main(argv: list[str] | None = None) -> int:
         mode = (True if args.force_draft else "auto") if cfg.speculative else False   # "auto": the guard decides
         dec = SpeculativeDecoder.from_bundle(args.bundle, providers=args.providers.split(","),
                                              threads=args.threads, draft_threads=args.draft_threads,
-                                             speculative=mode, config=cfg)
+                                             speculative=mode, config=cfg, engine=args.engine)
         if dec.draft_note:
             print(f"spec-run: {dec.draft_note}", file=sys.stderr)
         if mode == "auto" and not dec.guard_cached:

@@ -7,6 +7,13 @@ import sys
 import warnings
 
 
+PROVIDERS_HELP = ("comma list: cpu, cuda, tensorrt (default cpu); a provider this onnxruntime build lacks is an "
+                  "error, unless cpu is listed too (cuda,cpu: fall back with a warning)")
+
+ENGINE_HELP = ("onnxruntime (default: the bundle's ONNX graphs on --providers) or tensorrt (the TensorRT plans "
+               "spec-export engine BUNDLE built on this machine)")
+
+
 def guarded(main, argv=None, *, prog: str) -> int:
     """Run a CLI's main(argv) with these edges; `prog` names it in the messages."""
     # e.g. "CUDA is not in this onnxruntime build": one line, no source line

@@ -20,6 +20,7 @@ from .sampling import accept, accept_greedy, greedy_tokens, probs
 from .text import TextStream
 
 __all__ = ["Result", "SpeculativeDecoder", "Stats", "Stream"]
+ENGINES = ("onnxruntime", "tensorrt")
 MAX_THREADS = 1024      # onnxruntime spins up every thread it is given: far beyond the cores only hangs
 
 
@@ -63,7 +64,8 @@ class SpeculativeDecoder:
 
     @classmethod
     def from_bundle(cls, path: str | Path, *, providers: list[str] | None = None, threads: int = 0,
-                    draft_threads: int = 1, speculative: bool | str = "auto", config: GenerationConfig | None = None):
+                    draft_threads: int = 1, speculative: bool | str = "auto", config: GenerationConfig | None = None,
+                    engine: str = "onnxruntime"):
         """Load a bundle written by spec-export; its manifest is checked before any graph loads.
 
         `speculative`: "auto" loads the draft and times the loop on the bundle's first prompt (short greedy
@@ -76,23 +78,28 @@ class SpeculativeDecoder:
         own generation_config.json sampling settings (do_sample, temperature, top_k, top_p,
         repetition_penalty), as transformers' generate() would use them.
 
+        `engine`: "onnxruntime" runs the bundle's ONNX graphs on `providers`; "tensorrt" runs the TensorRT
+        plans `spec-export engine BUNDLE` built on this machine (specedge.engines.tensorrt).
+
         `threads` are the target's intra-op threads (0: onnxruntime's default, all cores), and
         `draft_threads` the draft's. The draft runs on the calling thread by default: two thread pools
         taking turns spin against each other (docs/benchmarks.md, "Threads"), and a draft step is too
         small to split."""
+        if engine not in ENGINES:
+            raise ConfigError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
         if speculative not in (True, False, "auto"):
             raise ConfigError(f"speculative must be True, False or 'auto', got {speculative!r}")
         if any(isinstance(t, bool) or not isinstance(t, int) or not 0 <= t <= MAX_THREADS
                for t in (threads, draft_threads)):
             raise ConfigError(f"threads must be integers in [0, {MAX_THREADS}] (0 = all cores), got threads={threads}, "
                               f"draft_threads={draft_threads}")
-        from specedge.engines import OrtEngine
         from tokenizers import Tokenizer
 
         path = Path(path)
         m = Manifest.load(path)
-        from specedge.engines.ort import import_onnxruntime
-        m.check_onnxruntime(import_onnxruntime().__version__)
+        if engine == "onnxruntime":
+            from specedge.engines.ort import import_onnxruntime
+            m.check_onnxruntime(import_onnxruntime().__version__)
         config = model_defaults(m.generation) if config is None else config
         try:
             tokenizer = Tokenizer.from_file(str(path / m.tokenizer))
@@ -102,19 +109,12 @@ class SpeculativeDecoder:
         if tokenizer.get_vocab_size(with_added_tokens=True) > m.vocab_size:
             raise BundleError(f"bundle tokenizer has {tokenizer.get_vocab_size()} tokens, more than the "
                               f"manifest's shared vocab {m.vocab_size}; re-export the bundle")
-        engines = {}
-        for role, info in m.models.items():
-            if role == "draft" and not speculative:
-                continue
-            e = OrtEngine(path / info.file, vocab_size=m.vocab_size, max_context=m.max_context,
-                          providers=providers, threads=draft_threads if role == "draft" else threads,
-                          num_kv_heads=info.num_kv_heads,
-                          head_dim=info.head_dim, share_buffer=info.kv_in_place)
-            got = (e.num_layers, e.num_kv_heads, e.head_dim)
-            if got != (info.num_layers, info.num_kv_heads, info.head_dim):
-                raise BundleError(f"{role} graph has (layers, kv heads, head dim) {got} but the manifest says "
-                                  f"{(info.num_layers, info.num_kv_heads, info.head_dim)}; re-export the bundle")
-            engines[role] = e
+        roles = [role for role in m.models if speculative or role != "draft"]
+        if engine == "tensorrt":
+            from specedge.engines.tensorrt import trt_engines
+            engines = trt_engines(path, m, roles)
+        else:
+            engines = _ort_engines(path, m, roles, providers=providers, threads=threads, draft_threads=draft_threads)
         if not speculative:
             config = replace(config, speculative=False)
         dec = cls(target=engines["target"], draft=engines.get("draft"), tokenizer=tokenizer,
@@ -130,7 +130,8 @@ class SpeculativeDecoder:
                                   f"the bundle") from None
         if speculative == "auto" and dec.draft is not None:
             # timed once per bundle and machine: later loads read the verdict (runtime/costs.cached_verdict)
-            key = guard_key(path, threads=threads, draft_threads=draft_threads, providers=providers)
+            key = guard_key(path, threads=threads, draft_threads=draft_threads,
+                            providers=providers if engine == "onnxruntime" else [engine])
             measure = lambda: speculation_pays(dec, _guard_prompt(path, m, tokenizer, dec.max_context),
                                                max_k=dec.default_k)
             pays, why, k, dec.guard_cached = cached_verdict(key, measure)
@@ -348,6 +349,23 @@ def _token_ids(prompt) -> list[int]:
               f" of {arr.ndim} dimensions" if shaped and arr is not None and arr.ndim != 1 else "")
     raise ConfigError(f"the prompt must be text (str) or a 1-D sequence of token ids (ints), got "
                       f"{type(prompt).__name__}{detail}")
+
+
+def _ort_engines(path: Path, m: Manifest, roles: list[str], *, providers, threads: int, draft_threads: int) -> dict:
+    """An OrtEngine per role, each checked against the manifest's cache layout."""
+    from specedge.engines import OrtEngine
+    engines = {}
+    for role in roles:
+        info = m.models[role]
+        e = OrtEngine(path / info.file, vocab_size=m.vocab_size, max_context=m.max_context, providers=providers,
+                      threads=draft_threads if role == "draft" else threads, num_kv_heads=info.num_kv_heads,
+                      head_dim=info.head_dim, share_buffer=info.kv_in_place)
+        got = (e.num_layers, e.num_kv_heads, e.head_dim)
+        if got != (info.num_layers, info.num_kv_heads, info.head_dim):
+            raise BundleError(f"{role} graph has (layers, kv heads, head dim) {got} but the manifest says "
+                              f"{(info.num_layers, info.num_kv_heads, info.head_dim)}; re-export the bundle")
+        engines[role] = e
+    return engines
 
 
 def _guard_prompt(path: Path, m: Manifest, tokenizer, max_context: int) -> list[int]:

@@ -1,9 +1,16 @@
-"""Files written whole or not at all: a reader (or a crash) never sees half a JSON or PNG."""
+"""Files written whole or not at all: a reader (or a crash) never sees half a JSON or PNG; and the
+check that a path a bundle names stays inside the bundle."""
 from __future__ import annotations
 
 import os
 import tempfile
 from pathlib import Path
+
+
+def inside(folder: str | Path, name) -> bool:
+    """Whether `name`, a path a file in `folder` gives, is a string naming something inside `folder`
+    (no absolute path, no way out through .. or a link)."""
+    return isinstance(name, str) and (Path(folder) / name).resolve().is_relative_to(Path(folder).resolve())
 
 
 def write_atomic(path: str | Path, data: str | bytes) -> Path:

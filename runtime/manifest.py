@@ -30,6 +30,7 @@ MANIFEST = "manifest.json"
 DTYPES = ("float32", "float16")
 
 from .errors import BundleError, ConfigError
+from .files import inside
 
 
 def io_names(num_layers: int) -> tuple[list[str], list[str]]:
@@ -178,8 +179,7 @@ class Manifest:
         files = ([m.tokenizer] + [info.file for info in m.models.values()] + [info.data for info in m.models.values()
                                                                            if info.data]
                  + [f for f in (m.prompts, m.chat_template) if f])
-        root = folder.resolve()
-        outside = [f for f in files if not isinstance(f, str) or not (folder / f).resolve().is_relative_to(root)]
+        outside = [f for f in files if not inside(folder, f)]
         if outside:
             raise BundleError(f"the manifest names {outside[0]!r}, which is outside the bundle {folder}; a bundle's "
                               f"files live inside its folder: re-export it with spec-export")

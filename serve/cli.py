@@ -7,6 +7,8 @@ import ipaddress
 import os
 import sys
 
+from specedge.runtime.console import ENGINE_HELP, PROVIDERS_HELP
+
 
 def _positive(kind):
     def check(s):
@@ -37,7 +39,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--threads", type=_count, default=0, help="the target's threads (0 = all cores)")
     p.add_argument("--draft-threads", type=_count, default=1, help="the draft's threads (default 1)")
-    p.add_argument("--providers", default="cpu", help="comma list: cpu, cuda, tensorrt (default cpu)")
+    p.add_argument("--providers", default="cpu", help=PROVIDERS_HELP)
+    p.add_argument("--engine", default="onnxruntime", choices=["onnxruntime", "tensorrt"], help=ENGINE_HELP)
     p.add_argument("--max-queue", type=_count, default=16,
                    help="requests that may wait behind the running one; more get 429 (default 16)")
     p.add_argument("--timeout", type=_positive(float), default=300.0,
@@ -73,7 +76,7 @@ def main(argv=None) -> int:
     try:
         providers = [p.strip() for p in args.providers.split(",")] if args.providers else None
         dec = SpeculativeDecoder.from_bundle(args.bundle, providers=providers, threads=args.threads,
-                                             draft_threads=args.draft_threads,
+                                             draft_threads=args.draft_threads, engine=args.engine,
                                              speculative=False if args.no_speculation
                                              else True if args.force_draft else "auto")
     except SpecedgeError as e:

@@ -24,8 +24,9 @@ def _run(tmp_path, *args) -> dict:
 def test_dry_run_takes_every_step(pair_bundles, tmp_path):
     report = _run(tmp_path, "--bundle", str(pair_bundles["agree"]), "--cpu-dry-run", "--quick")
     assert report["environment"]["dry_run"] is True
-    (key, res), = report["bundles"].items()
-    assert key == "agree/cpu"
+    assert report["bundles"]["agree/tensorrt-plan"] == {"skipped": "no GPU (dry run)"}
+    res = report["bundles"]["agree/cpu"]
+    assert set(report["bundles"]) == {"agree/cpu", "agree/tensorrt-plan"}
     for role in ("target", "draft"):      # the IOBinding cache against the plain one: the same arithmetic
         p = res["parity"][role]
         assert p["argmax_equal"] and max(p["max_abs_diff"].values()) < 1e-5, p
@@ -36,6 +37,9 @@ def test_dry_run_takes_every_step(pair_bundles, tmp_path):
 def test_no_gpu_and_no_time_are_reasons_not_crashes(pair_bundles, tmp_path):
     import onnxruntime as ort
     report = _run(tmp_path, "--bundle", str(pair_bundles["agree"]), "--budget-s", "0")
+    plans = report["bundles"].pop("agree/tensorrt-plan")
+    assert plans["skipped"] in ("the time budget was spent", f"TensorRT does not import: "
+                                f"{report['environment'].get('tensorrt_why')}")
     for key, res in report["bundles"].items():
         provider = {"cuda": "CUDAExecutionProvider", "tensorrt": "TensorrtExecutionProvider"}[key.split("/")[1]]
         if provider in ort.get_available_providers():

@@ -212,7 +212,10 @@ def test_cli_thread_counts_and_an_unavailable_provider(pair_bundles, capsys):
         warnings.simplefilter("default")
         warnings.showwarning = lambda message, category, filename, lineno, file=None, line=None: sys.stderr.write(
             warnings.formatwarning(message, category, filename, lineno, line))
-        assert run_main([b, "x", "--providers", "cuda", "--threads", "1", "--max-new-tokens", "2",
+        assert run_main([b, "x", "--providers", "cuda,cpu", "--threads", "1", "--max-new-tokens", "2",
                          "--no-speculation"]) == 0
     err = [ln for ln in capsys.readouterr().err.splitlines() if "warning" in ln]
     assert len(err) == 1 and err[0].startswith("spec-run: warning: execution providers ['CUDAExecutionProvider']")
+    assert run_main([b, "x", "--providers", "cuda", "--max-new-tokens", "2", "--no-speculation"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "install onnxruntime-gpu" in err and "cuda,cpu" in err

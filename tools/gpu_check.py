@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """One GPU check, prepared to run on a lent GPU machine in a few minutes and write one JSON: for each bundle,
-on each GPU execution provider onnxruntime offers (CUDA, TensorRT), against the CPU graph of the same bundle:
+on each GPU execution provider onnxruntime offers (CUDA, TensorRT), against the CPU graph of the same bundle
+(and, where TensorRT imports, through TensorRT plans built here: identity and speed):
 
     parity    logits of a prefill, a 1-token step, a (k+1)-token verify and a rollback: max |diff| vs CPU
     identity  speculative greedy output == target-only greedy output on the provider (token ids)
@@ -166,6 +167,19 @@ def _certificate(bundle: Path, provider: str, prompts: list[str], *, quick: bool
             "providers": cert["environment"]["providers"]}
 
 
+def check_plans(bundle: Path, *, quick: bool) -> dict:
+    """TensorRT plans built from the bundle here (spec-export engine), then identity and speed through them."""
+    from specedge.export.tensorrt import build_engines
+    m = Manifest.load(bundle)
+    prompts = read_prompts(bundle / m.prompts)[:3] if m.prompts else ["def add(a, b):", "for i in range(10):"]
+    t0 = time.monotonic()
+    build_engines(bundle, overwrite=True, quiet=True)
+    res = {"build_seconds": round(time.monotonic() - t0, 1)}
+    res.update(identity_and_speed(SpeculativeDecoder.from_bundle(bundle, engine="tensorrt", speculative=True),
+                                  prompts, new_tokens=16 if quick else 64, repeats=1 if quick else 3))
+    return res
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bundle", type=Path, action="append", required=True)
@@ -191,6 +205,19 @@ def main(argv: list[str] | None = None) -> int:
                 except SpecedgeError as e:            # a bundle that does not load: said, and the rest goes on
                     report["bundles"][key] = {"error": str(e)}
             print(f"{key}: {json.dumps(report['bundles'][key], default=str)[:600]}", flush=True)
+    for bundle in args.bundle:          # TensorRT's own plans, where TensorRT imports (a GPU machine's image may lack it)
+        key = f"{bundle.name}/tensorrt-plan"
+        if args.cpu_dry_run or not env.get("tensorrt"):
+            report["bundles"][key] = {"skipped": "no GPU (dry run)" if args.cpu_dry_run
+                                      else f"TensorRT does not import: {env.get('tensorrt_why')}"}
+        elif time.monotonic() > deadline:
+            report["bundles"][key] = {"skipped": "the time budget was spent"}
+        else:
+            try:
+                report["bundles"][key] = check_plans(bundle, quick=args.quick)
+            except (SpecedgeError, OSError, RuntimeError, ValueError) as e:
+                report["bundles"][key] = {"error": f"{type(e).__name__}: {' '.join(str(e).split())[:400]}"}
+        print(f"{key}: {json.dumps(report['bundles'][key], default=str)[:600]}", flush=True)
     report["seconds"] = round(time.monotonic() - t0, 1)
     write_atomic(args.json, json.dumps(report, indent=1, default=float) + "\n")
     print(f"wrote {args.json} in {report['seconds']} s")
