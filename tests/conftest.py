@@ -31,10 +31,39 @@ def llama_drafts(models_dir, llama_target) -> dict[str, Path]:
 
 @pytest.fixture(scope="session")
 def pair_bundles(tmp_path_factory, llama_target, llama_drafts) -> dict[str, Path]:
+    """The two pairs exported, each test session working on its own copy. Exporting is most of the fast
+    tier's time, so the exports are kept between sessions (SPECEDGE_TEST_CACHE, default
+    ~/.cache/specedge/test-bundles) under a key of all they are made from: the export and manifest code,
+    the source models' files and the versions of torch, transformers and onnxruntime."""
+    import hashlib
+    import shutil
+    import tempfile
+
+    import onnxruntime
+    import torch
+    import transformers
+
+    import specedge.export
     from specedge.export import export_bundle
+    from specedge.runtime import manifest
+    from specedge.runtime.files import tree_hash
+    h = hashlib.sha256(f"{torch.__version__} {transformers.__version__} {onnxruntime.__version__}".encode())
+    for f in sorted(Path(specedge.export.__file__).parent.glob("*.py")) + [Path(manifest.__file__)]:
+        h.update(f.name.encode() + f.read_bytes())
+    key = tree_hash(llama_target, h.hexdigest() + "".join(tree_hash(d) for d in llama_drafts.values()))
+    cache = Path(os.environ.get("SPECEDGE_TEST_CACHE", Path.home() / ".cache" / "specedge" / "test-bundles"))
+    kept = cache / key
+    if not kept.is_dir():
+        cache.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=".export-", dir=cache))
+        try:
+            for name, draft in llama_drafts.items():
+                export_bundle(target=llama_target, draft=draft, out=tmp / name, k=8, max_context=256, quiet=True)
+            for old in cache.iterdir():       # earlier keys: this fixture made them, and only it reads them
+                if old.is_dir() and not old.name.startswith("."):
+                    shutil.rmtree(old, ignore_errors=True)
+            tmp.rename(kept)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     root = tmp_path_factory.mktemp("bundles")
-    out = {}
-    for name, draft in llama_drafts.items():
-        out[name] = root / name
-        export_bundle(target=llama_target, draft=draft, out=out[name], k=8, max_context=256, quiet=True)
-    return out
+    return {name: Path(shutil.copytree(kept / name, root / name)) for name in llama_drafts}

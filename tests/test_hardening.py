@@ -160,6 +160,7 @@ class _FullDisk(io.StringIO):
         raise OSError(errno.ENOSPC, "No space left on device")
 
 
+@pytest.mark.slow            # exports a model before the disk fills
 def test_a_full_disk_is_one_line_and_leaves_nothing(pair_bundles, llama_target, tmp_path, monkeypatch, capsys):
     import errno
     from specedge.export.cli import main as export_main
