@@ -28,6 +28,7 @@ from specedge.runtime.files import write_atomic
 
 HELD_OUT = 19     # shard index % 20
 ORIGIN = "origin.json"   # in --work: the saved head a run started from (--init-from) and its training
+RUN = "run.json"         # in --work: the run's settings, recorded by its first invocation
 
 
 def shard_paths(data: Path, *, held_out: bool) -> list[Path]:
@@ -120,9 +121,11 @@ def main() -> None:
         # a run that started from a saved head records that head's own training (`continued_from`)
         origin = (json.loads((args.work / ORIGIN).read_text()) if (args.work / ORIGIN).is_file()
                   else _origin(args.init_from) if args.init_from else None)
+        # the settings the run trained with, not this invocation's defaults
+        run = (json.loads((args.work / RUN).read_text()) if (args.work / RUN).is_file() else
+               {"batch": args.batch, "lr": args.lr, "unroll": args.unroll, "noise": args.noise})
         save_head(head, args.save_draft, tokenizer_json=(args.model / "tokenizer.json").read_text(encoding="utf-8"),
-                  extra={"training": {"steps": step, "batch": args.batch, "lr": args.lr, "unroll": args.unroll,
-                                      "noise": args.noise, "last_eval": history[-1] if history else None,
+                  extra={"training": {**run, "steps": step, "last_eval": history[-1] if history else None,
                                       "continued_from": origin}})
         print(f"draft head at step {step} -> {args.save_draft}")
         return
@@ -130,6 +133,10 @@ def main() -> None:
         head.eval()
         print(json.dumps({"step": step, **chain_alpha(head, eval_seqs, head.vocab_map)}), flush=True)
         return
+    if not (args.work / RUN).is_file():
+        write_atomic(args.work / RUN, json.dumps({"batch": args.batch, "lr": args.lr, "unroll": args.unroll,
+                                                  "noise": args.noise, "schedule_steps": args.steps,
+                                                  "max_len": args.max_len, "seed": args.seed}) + "\n")
     loaded = set(train_paths)
     seqs = load_sequences(train_paths, args.max_len)
     rng = random.Random(args.seed + step)
@@ -149,7 +156,7 @@ def main() -> None:
         step += 1
         seen += int(tensors[-1].sum())
         if step % 20 == 0:
-            print(json.dumps({"step": step, "loss": round(float(loss), 4), **{k: round(v, 4) for k, v in parts.items()},
+            print(json.dumps({"step": step, "loss": round(float(loss.detach()), 4), **{k: round(v, 4) for k, v in parts.items()},
                               "lr": lr, "tok_s": round(seen / (time.time() - t0))}), flush=True)
         if step % args.save_every == 0 or step == args.steps:
             if not eval_seqs:          # the held-out shards may have been written since the start
