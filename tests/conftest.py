@@ -36,6 +36,7 @@ def pair_bundles(tmp_path_factory, llama_target, llama_drafts) -> dict[str, Path
     ~/.cache/specedge/test-bundles) under a key of all they are made from: the export and manifest code,
     the source models' files and the versions of torch, transformers and onnxruntime."""
     import hashlib
+    import json
     import shutil
     import tempfile
 
@@ -66,4 +67,11 @@ def pair_bundles(tmp_path_factory, llama_target, llama_drafts) -> dict[str, Path
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     root = tmp_path_factory.mktemp("bundles")
-    return {name: Path(shutil.copytree(kept / name, root / name)) for name in llama_drafts}
+    out = {}
+    for name, draft in llama_drafts.items():
+        out[name] = Path(shutil.copytree(kept / name, root / name))
+        # the models it names as sources (peers in spec-bench read them) are this session's identical copies
+        m = json.loads((out[name] / "manifest.json").read_text())
+        m["models"]["target"]["source"], m["models"]["draft"]["source"] = str(llama_target), str(draft)
+        (out[name] / "manifest.json").write_text(json.dumps(m, indent=1))
+    return out
