@@ -84,8 +84,10 @@ def test_every_jsonl_line_is_answered(pair_bundles):
 
 
 def _spec_run(*args, **kw):
+    # Ctrl-C as at a terminal: a test run started in the background inherits SIGINT ignored
     return subprocess.Popen([sys.executable, "-m", "specedge.runtime.cli", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, **kw)
+                            stderr=subprocess.PIPE, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+                            **kw)
 
 
 @pytest.mark.slow
