@@ -144,6 +144,8 @@ class TrtEngine:
         self._io = {n: self._alloc(rows.get(n, 1) * self._dtype[n].itemsize) for n in names
                     if n not in self._host_input and not n.startswith(("past_key_values.", "present."))}
         self._ones = np.ones((1, self.max_context), dtype=self._dtype.get("attention_mask", np.int64))
+        self._positions = np.arange(self.max_context, dtype=np.int64)[None]   # position_ids are views of it
+        self._keep = {k: np.array([k], dtype=np.int64) for k in range(1, self.max_new + 1)}
         self.features = np.empty((self.max_context, self.hidden_size or 0), dtype=np.float32)
         self._length, self.writes = 0, 0
 
@@ -177,7 +179,7 @@ class TrtEngine:
         if self._stored != past:
             self._repack(past)
         feeds = {"input_ids": ids, "attention_mask": self._ones[:, :total],
-                 "position_ids": np.arange(past, total, dtype=np.int64)[None], "logits_to_keep": np.array([keep]),
+                 "position_ids": self._positions[:, past:total], "logits_to_keep": self._keep[keep],
                  **(inputs or {})}
         held = []                  # host arrays TensorRT reads: alive until the stream is synchronized
         for name, value in feeds.items():
